@@ -1,0 +1,41 @@
+# The README's two commands: `make main` (fine-tune + evaluate the default model) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EF := HF_HUB_OFFLINE=1 $(BIN)/embforge
+DATA ?= $(if $(EMBFORGE_DATA),$(EMBFORGE_DATA),../shared/data)
+STSB := $(DATA)/stsb_en
+RUN ?= runs/stsb-cosent
+STAMP := $(VENV)/.installed
+
+.PHONY: main test lint install clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch pinned here (a CPU build on this machine's disk); the library itself only needs torch>=2.2
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[all,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+main: $(STAMP)
+	@mkdir -p $(dir $(RUN))
+	@echo "== zero-shot all-MiniLM-L6-v2 on STS-B test"
+	$(EF) eval sts --model all-MiniLM-L6-v2 --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).zero-shot.json
+	@echo "== fine-tune on STS-B train (CoSENT, lr 5e-5, batch 32, 1 epoch) -> $(RUN)"
+	$(EF) train --train $(STSB)/stsb-en-train.csv --eval $(STSB)/stsb-en-dev.csv --output $(RUN) --quiet | tail -n 1
+	@echo "== fine-tuned model on STS-B test"
+	$(EF) eval sts --model $(RUN) --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).fine-tuned.json
+	@$(BIN)/python -c "import json; z=json.load(open('$(RUN).zero-shot.json')); f=json.load(open('$(RUN).fine-tuned.json')); print(f'STS-B test Spearman: zero-shot {z[\"spearman\"]:.2f} -> fine-tuned {f[\"spearman\"]:.2f}  (model saved in $(RUN))')"
+
+lint: $(STAMP)
+	$(BIN)/ruff check embforge tests benchmarks
+	$(BIN)/mypy
+
+test: $(STAMP) lint
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) runs

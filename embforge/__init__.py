@@ -1,0 +1,36 @@
+"""embforge: fine-tune, evaluate, export and serve text embedding models.
+
+Imports are lazy: ``import embforge`` loads no model and no heavy optional dependency.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Encoder": "embforge.encoder",
+    "CrossEncoder": "embforge.cross_encoder",
+    "TrainConfig": "embforge.train",
+    "Task": "embforge.train",
+    "train": "embforge.train",
+    "read_table": "embforge.data",
+    "get_loss": "embforge.losses",
+}
+
+if TYPE_CHECKING:
+    from embforge.data import read_table
+    from embforge.encoder import Encoder
+    from embforge.losses import get_loss
+    from embforge.train import Task, TrainConfig, train
+
+__all__ = ["Encoder", "Task", "TrainConfig", "__version__", "get_loss", "read_table", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'embforge' has no attribute {name!r}")

@@ -1,0 +1,33 @@
+"""One place that imports optional dependencies and says which extra installs them."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module name -> the extra of embforge that installs it
+_EXTRAS = {
+    "faiss": "faiss",
+    "bm25s": "bm25",
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "httpx": "serve",
+    "sklearn": "eval",
+    "matplotlib": "eval",
+    "pyarrow": "parquet",
+    "pyarrow.parquet": "parquet",
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` or fail with the ``pip install embforge[extra]`` command that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        extra = _EXTRAS.get(module, "all")
+        raise ImportError(
+            f"{module!r} is needed for this feature but is not installed. "
+            f"Install it with: pip install 'embforge[{extra}]'"
+        ) from err

@@ -1,0 +1,49 @@
+"""Argument helpers shared by the verbs."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from typing import Any
+
+from embforge.models import DEFAULT_MODEL
+
+
+def add_model_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"model folder (HF or sentence-transformers layout) or alias (default {DEFAULT_MODEL})",
+    )
+
+
+def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", required: bool = True) -> None:
+    parser.add_argument(flag, required=required, help="CSV/TSV/JSONL/Parquet file")
+    parser.add_argument(
+        "--columns",
+        default=None,
+        help="map source columns to standard names, e.g. '0=sentence1,1=sentence2,2=score' "
+        "or 'q=anchor,d=positive'",
+    )
+
+
+def parse_options(items: list[str] | None) -> dict[str, Any]:
+    """``["scale=20", "symmetric=true"]`` -> ``{"scale": 20, "symmetric": True}``."""
+    options: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"option {item!r} must look like NAME=VALUE")
+        key, raw = item.split("=", 1)
+        lowered = raw.strip().lower()
+        if lowered in ("true", "false"):
+            options[key.strip()] = lowered == "true"
+            continue
+        try:
+            options[key.strip()] = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            options[key.strip()] = raw.strip()
+    return options
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]

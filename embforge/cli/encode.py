@@ -1,0 +1,63 @@
+"""``embforge encode``: embed the texts of a file into a ``.npy`` array (one row per line/row)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embforge.cli.common import add_model_arg
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = verbs.add_parser("encode", help="embed texts into a .npy file", description=__doc__)
+    add_model_arg(parser)
+    parser.add_argument(
+        "--input", required=True, help="a .txt file (one text per line) or a table with a 'text' column"
+    )
+    parser.add_argument("--output", required=True, help="output .npy file")
+    parser.add_argument("--columns", default=None, help="column mapping for tables, e.g. 'sentence=text'")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dim", type=int, default=None, help="truncate to this many dimensions (Matryoshka)")
+    parser.add_argument("--prompt-name", default=None, help="one of the model's prompts, e.g. query")
+    parser.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="L2-normalise (default: the model's setting)",
+    )
+    parser.set_defaults(func=run_encode)
+
+
+def read_texts(path: str, columns: str | None) -> list[str]:
+    from embforge.data import DataError, read_table
+
+    if path.endswith(".txt") and columns is None:
+        texts = []
+        with open(path, encoding="utf-8-sig") as handle:
+            for line, text in enumerate(handle, start=1):
+                if not text.strip():
+                    raise DataError(f"{path}:{line}: column 1: empty text")
+                texts.append(text.rstrip("\r\n"))
+        return texts
+    data = read_table(path, columns=columns)
+    data.require(["text"], purpose="encode")
+    return data.columns["text"]
+
+
+def run_encode(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from embforge.encoder import Encoder
+
+    texts = read_texts(args.input, args.columns)
+    model = Encoder.load(args.model)
+    emb = model.encode(
+        texts,
+        batch_size=args.batch_size,
+        dim=args.dim,
+        prompt_name=args.prompt_name,
+        normalize=args.normalize,
+        show_progress=True,
+    )
+    np.save(args.output, emb)
+    return {"output": args.output, "rows": int(emb.shape[0]), "dim": int(emb.shape[1])}

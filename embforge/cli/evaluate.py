@@ -1,0 +1,28 @@
+"""``embforge eval sts``: Spearman/Pearson of a model on scored pairs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embforge.cli.common import add_data_args, add_model_arg
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = evals.add_parser(
+        "sts", help="Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity", description=__doc__
+    )
+    add_model_arg(parser)
+    add_data_args(parser)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.set_defaults(func=run_sts)
+
+
+def run_sts(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.data import read_table
+    from embforge.encoder import Encoder
+    from embforge.evaluate.sts import evaluate_sts
+
+    data = read_table(args.data, columns=args.columns)
+    model = Encoder.load(args.model)
+    return evaluate_sts(model, data, batch_size=args.batch_size)

@@ -1,0 +1,79 @@
+"""``embforge train``: fine-tune a model from files (flags and/or a TOML config)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embforge.cli.common import int_list, parse_options
+
+# flag -> (RunSpec/TrainConfig key, type, help)
+_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--model", "model", str, "model folder or alias (default all-MiniLM-L6-v2)"),
+    ("--eval", "eval", str, "STS file (sentence1, sentence2, score) evaluated during training; best kept"),
+    ("--loss", "loss", str, "infonce, simcse, cosent, mse, softmax, contrastive or triplet (default cosent)"),
+    ("--output", "output", str, "output folder (default ./output)"),
+    ("--epochs", "epochs", int, "epochs (default 1)"),
+    ("--max-steps", "max_steps", int, "stop after this many optimiser steps (overrides --epochs)"),
+    ("--batch-size", "batch_size", int, "batch size (default 32)"),
+    ("--lr", "lr", float, "peak learning rate (default 5e-5)"),
+    ("--warmup-ratio", "warmup_ratio", float, "fraction of steps of linear warm-up (default 0.1)"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.01)"),
+    ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
+    ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
+    ("--amp", "amp", str, "mixed precision: auto, no, fp16, bf16 (default auto)"),
+    ("--seed", "seed", int, "random seed (default 42)"),
+    ("--eval-every", "eval_every", int, "evaluate every N steps (default: at the end only)"),
+    ("--save-every", "save_every", int, "checkpoint every N steps (default 200)"),
+    ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens"),
+    ("--columns", "columns", str, "column mapping, e.g. '0=sentence1,1=sentence2,2=score'"),
+    ("--chunk-tokens", "chunk_tokens", int, "padded tokens per forward chunk (default 512 CPU / 16384 GPU)"),
+    ("--device", "device", str, "cpu, cuda, cuda:1 ... (default auto)"),
+]
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = verbs.add_parser("train", help="fine-tune a model", description=__doc__)
+    parser.add_argument("config_file", nargs="?", help="optional TOML run file (flags override it)")
+    parser.add_argument(
+        "--config", dest="config_flag", help="TOML run file (same as the positional argument)"
+    )
+    parser.add_argument("--train", action="append", help="training file (repeat for several tasks)")
+    for flag, key, kind, text in _FLAGS:
+        parser.add_argument(flag, dest=key, type=kind, default=None, help=text)
+    parser.add_argument(
+        "--loss-option",
+        action="append",
+        metavar="NAME=VALUE",
+        help="loss option, e.g. temperature=0.02, symmetric=true, scale=20 (repeatable)",
+    )
+    parser.add_argument("--matryoshka-dims", type=int_list, default=None, help="e.g. 384,256,128,64")
+    parser.add_argument(
+        "--group-by-length",
+        action="store_true",
+        default=None,
+        help="batch texts of similar length together (faster, less random)",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", default=None, help="continue from the last checkpoint"
+    )
+    parser.add_argument("--quiet", action="store_true", default=None, help="no progress bar")
+    parser.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.run import load_toml, run, spec_from_dict
+
+    path = args.config_file or args.config_flag
+    values: dict[str, Any] = load_toml(path) if path else {}
+    for _, key, _, _ in _FLAGS:
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    for key in ("train", "matryoshka_dims", "group_by_length", "resume", "quiet"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    if args.loss_option:
+        values["loss_options"] = {**values.get("loss_options", {}), **parse_options(args.loss_option)}
+    spec = spec_from_dict(values, source=path or "command line")
+    summary = run(spec)
+    return {"output": spec.config.output, **summary}

@@ -1,0 +1,46 @@
+"""STS evaluation: correlation between embedding similarity and gold scores of sentence pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from embforge.data import Dataset
+from embforge.encoder import Encoder
+from embforge.metrics import correlations, pair_scores
+
+
+def evaluate_sts(model: Encoder, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:
+    """Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity against ``score`` (or ``label``).
+
+    Keys: ``spearman`` and ``pearson`` (cosine, the headline numbers), plus ``spearman_dot``,
+    ``pearson_dot``, ``spearman_euclidean``, ``pearson_euclidean`` and ``n``.
+    """
+    data.require(["sentence1", "sentence2"], purpose="STS evaluation")
+    gold = data.labels()
+    if gold is None:
+        data.require(["score"], purpose="STS evaluation")
+        raise AssertionError  # unreachable: require() raised
+    texts1, texts2 = data.columns["sentence1"], data.columns["sentence2"]
+    # encode the unique texts once: pairs often share sentences
+    unique = list(dict.fromkeys(texts1 + texts2))
+    emb = model.encode(unique, batch_size=batch_size, normalize=False)
+    position = {t: i for i, t in enumerate(unique)}
+    a = emb[[position[t] for t in texts1]]
+    b = emb[[position[t] for t in texts2]]
+    result: dict[str, float] = {}
+    for name, scores in pair_scores(a, b).items():
+        corr = correlations(scores, gold)
+        suffix = "" if name == "cosine" else f"_{name}"
+        result[f"spearman{suffix}"] = corr["spearman"]
+        result[f"pearson{suffix}"] = corr["pearson"]
+    result["n"] = float(len(data))
+    return result
+
+
+def sts_evaluator(data: Dataset, *, batch_size: int = 64) -> Callable[[Encoder], dict[str, float]]:
+    """An evaluator for the trainer: ``model -> metrics`` whose main metric is ``spearman``."""
+
+    def run(model: Encoder) -> dict[str, float]:
+        return evaluate_sts(model, data, batch_size=batch_size)
+
+    return run

@@ -1,0 +1,75 @@
+"""Bi-encoder losses, selectable by name. Each takes embeddings (one tensor per text column) and labels."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from embforge.losses.base import EmbeddingLoss
+from embforge.losses.cosent import CoSENTLoss, cosent
+from embforge.losses.infonce import InfoNCELoss, SimCSELoss
+from embforge.losses.margin import ContrastiveLoss, TripletLoss
+from embforge.losses.matryoshka import MatryoshkaLoss
+from embforge.losses.regression import CosineMSELoss
+from embforge.losses.softmax import SoftmaxLoss
+
+LOSSES: dict[str, type[EmbeddingLoss]] = {
+    "infonce": InfoNCELoss,
+    "simcse": SimCSELoss,
+    "cosent": CoSENTLoss,
+    "mse": CosineMSELoss,
+    "softmax": SoftmaxLoss,
+    "contrastive": ContrastiveLoss,
+    "triplet": TripletLoss,
+}
+
+__all__ = [
+    "LOSSES",
+    "CoSENTLoss",
+    "ContrastiveLoss",
+    "CosineMSELoss",
+    "EmbeddingLoss",
+    "InfoNCELoss",
+    "MatryoshkaLoss",
+    "SimCSELoss",
+    "SoftmaxLoss",
+    "TripletLoss",
+    "cosent",
+    "get_loss",
+]
+
+
+def get_loss(
+    name: str,
+    *,
+    dim: int | None = None,
+    num_labels: int | None = None,
+    matryoshka_dims: Sequence[int] | None = None,
+    matryoshka_weights: Sequence[float] | None = None,
+    **options: Any,
+) -> EmbeddingLoss:
+    """Build a loss by name.
+
+    Args:
+        name: One of :data:`LOSSES` (``infonce``, ``simcse``, ``cosent``, ``mse``, ``softmax``,
+            ``contrastive``, ``triplet``).
+        dim: Embedding size (needed by ``softmax``).
+        num_labels: Number of classes (needed by ``softmax``).
+        matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.
+        matryoshka_weights: Weights of the Matryoshka dimensions (default all 1).
+        **options: Keyword arguments of the loss class (e.g. ``temperature=0.02``, ``scale=20``).
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
+    cls = LOSSES[name]
+    if cls is SoftmaxLoss:
+        if dim is None or num_labels is None:
+            raise ValueError("the softmax loss needs the embedding dim and the number of labels")
+        options = {"dim": dim, "num_labels": num_labels, **options}
+    try:
+        loss = cls(**options)
+    except TypeError as err:
+        raise ValueError(f"bad option for loss {name!r}: {err}") from None
+    if matryoshka_dims:
+        loss = MatryoshkaLoss(loss, matryoshka_dims, matryoshka_weights)
+    return loss

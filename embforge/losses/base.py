@@ -1,0 +1,46 @@
+"""What every embedding loss looks like: embeddings of each text column (+ labels) in, a scalar out."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class EmbeddingLoss(nn.Module):
+    """Base class of bi-encoder losses.
+
+    Subclasses implement ``forward(embeddings, labels)`` where ``embeddings[k]`` is the ``(batch, dim)``
+    embedding of the k-th text column (in :attr:`embforge.data.Dataset.text_columns` order).
+
+    Class attributes tell the trainer what data the loss needs:
+
+    - ``min_texts`` / ``max_texts``: how many text columns it accepts;
+    - ``needs_labels``: whether a ``score`` or ``label`` column is required;
+    - ``repeat_single_text``: feed a one-column data set twice (SimCSE: dropout makes the two views differ);
+    - ``fixed_dim``: the loss owns parameters sized to the embedding (cannot be truncated by Matryoshka).
+    """
+
+    name = "loss"
+    min_texts = 2
+    max_texts: int | None = None
+    needs_labels = False
+    repeat_single_text = False
+    fixed_dim = False
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
+        """Turn a whole data set's labels into what ``forward`` expects (called once per task)."""
+        return labels
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
+    """All-pairs cosine similarity ``(len(a), len(b))`` computed in float32."""
+    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+
+
+def pairwise_cosine(a: Tensor, b: Tensor) -> Tensor:
+    """Row-wise cosine similarity of two ``(n, dim)`` tensors, in float32."""
+    return F.cosine_similarity(a.float(), b.float(), dim=-1)

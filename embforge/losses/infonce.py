@@ -1,0 +1,57 @@
+"""InfoNCE with in-batch negatives (also known as MultipleNegativesRankingLoss), and unsupervised SimCSE."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from embforge.losses.base import EmbeddingLoss, cosine_matrix
+
+
+class InfoNCELoss(EmbeddingLoss):
+    r"""InfoNCE: each anchor must pick its own positive among all candidates of the batch.
+
+    .. math::
+        \mathcal{L} = -\frac{1}{n}\sum_i \log
+        \frac{e^{\cos(a_i, p_i)/\tau}}{\sum_j e^{\cos(a_i, p_j)/\tau} + \sum_{k,j} e^{\cos(a_i, n^{(k)}_j)/\tau}}
+
+    Candidates are the batch's positives plus every extra negative column (hard negatives). With
+    ``symmetric=True`` the positives also pick their anchor among the batch's anchors and the two directions
+    are averaged. Equals sentence-transformers' MultipleNegativesRankingLoss with ``scale = 1/τ``.
+
+    Columns: ``anchor, positive[, negative_1, ...]`` (any two or more text columns).
+    """
+
+    name = "infonce"
+
+    def __init__(self, temperature: float = 0.05, symmetric: bool = False) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+        self.symmetric = symmetric
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
+        anchors, positives = embeddings[0], embeddings[1]
+        candidates = torch.cat(embeddings[1:]) if len(embeddings) > 2 else positives
+        targets = torch.arange(len(anchors), device=anchors.device)
+        logits = cosine_matrix(anchors, candidates) / self.temperature
+        loss = F.cross_entropy(logits, targets)
+        if self.symmetric:
+            backward = cosine_matrix(positives, anchors) / self.temperature
+            loss = (loss + F.cross_entropy(backward, targets)) / 2
+        return loss
+
+
+class SimCSELoss(InfoNCELoss):
+    """Unsupervised SimCSE: InfoNCE where each text's positive is the same text under other dropout noise.
+
+    Columns: one text column (``text``, ``sentence1`` or ``anchor``); the trainer feeds it twice in one forward
+    pass, so the two copies get independent dropout masks.
+    """
+
+    name = "simcse"
+    min_texts = 1
+    max_texts = 1
+    repeat_single_text = True

@@ -1,0 +1,55 @@
+"""Matryoshka: train any embedding loss at several truncated dimensions at once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from embforge.losses.base import EmbeddingLoss
+
+
+class MatryoshkaLoss(EmbeddingLoss):
+    r"""Weighted sum of ``loss`` over prefixes of the embedding.
+
+    .. math:: \mathcal{L} = \sum_k w_k\, \mathcal{L}_{\text{inner}}\big(\mathrm{norm}(e_{[:d_k]})\big)
+
+    Each prefix is L2-normalised (as sentence-transformers' MatryoshkaLoss does), so a model trained this way
+    can be truncated to any ``d_k`` at inference. The model is untouched: only the embeddings are sliced.
+    """
+
+    def __init__(
+        self, loss: EmbeddingLoss, dims: Sequence[int], weights: Sequence[float] | None = None
+    ) -> None:
+        super().__init__()
+        if loss.fixed_dim:
+            raise ValueError(
+                f"the {loss.name!r} loss has parameters sized to the full embedding; it cannot be "
+                "wrapped by Matryoshka"
+            )
+        if not dims:
+            raise ValueError("Matryoshka needs at least one dimension")
+        if weights is None:
+            weights = [1.0] * len(dims)
+        if len(weights) != len(dims):
+            raise ValueError(f"got {len(dims)} Matryoshka dims but {len(weights)} weights")
+        self.inner = loss
+        self.dims = [int(d) for d in dims]
+        self.weights = [float(w) for w in weights]
+        self.name = f"matryoshka({loss.name})"
+        for attr in ("min_texts", "max_texts", "needs_labels", "repeat_single_text"):
+            setattr(self, attr, getattr(loss, attr))
+
+    def prepare_labels(self, labels):  # noqa: ANN001, ANN201
+        return self.inner.prepare_labels(labels)
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        full = embeddings[0].shape[-1]
+        total = embeddings[0].new_zeros((), dtype=embeddings[0].float().dtype)
+        for dim, weight in zip(self.dims, self.weights):
+            if dim > full:
+                raise ValueError(f"Matryoshka dimension {dim} is larger than the embedding size {full}")
+            truncated = [F.normalize(e[..., :dim], p=2, dim=-1) for e in embeddings]
+            total = total + weight * self.inner(truncated, labels)
+        return total

@@ -1,0 +1,102 @@
+"""A training run described by data: which model, which files and loss, which hyper-parameters.
+
+The CLI and TOML files build a :class:`RunSpec`; :func:`run` turns it into an encoder, tasks and an evaluator and
+calls :func:`embforge.train.train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embforge.data import read_table
+from embforge.models import DEFAULT_MODEL
+from embforge.train import Task, TrainConfig, train
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass
+class RunSpec:
+    """A single-stage run: model + training files + loss + :class:`TrainConfig`."""
+
+    model: str = DEFAULT_MODEL
+    train: list[str] = field(default_factory=list)
+    eval: str | None = None
+    loss: str = "cosent"
+    loss_options: dict[str, Any] = field(default_factory=dict)
+    columns: str | dict[str, str] | None = None
+    matryoshka_dims: list[int] | None = None
+    matryoshka_weights: list[float] | None = None
+    max_seq_length: int | None = None
+    config: TrainConfig = field(default_factory=TrainConfig)
+
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"config"}
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def spec_from_dict(values: dict[str, Any], *, source: str = "config") -> RunSpec:
+    """Build a :class:`RunSpec` from flat keys (RunSpec and TrainConfig fields); unknown keys are an error."""
+    unknown = set(values) - _SPEC_FIELDS - _CONFIG_FIELDS
+    if unknown:
+        raise ValueError(
+            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"valid keys: {', '.join(sorted(_SPEC_FIELDS | _CONFIG_FIELDS))}"
+        )
+    spec_values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
+    if isinstance(spec_values.get("train"), str):
+        spec_values["train"] = [spec_values["train"]]
+    config = TrainConfig(**{k: v for k, v in values.items() if k in _CONFIG_FIELDS})
+    return RunSpec(**spec_values, config=config)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
+    """One task per training file, all with the spec's loss."""
+    from embforge.losses import get_loss
+
+    if not spec.train:
+        raise ValueError("no training data: pass --train FILE (or train = [...] in the config file)")
+    tasks = []
+    for path in spec.train:
+        data = read_table(path, columns=spec.columns)
+        labels = data.labels()
+        num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
+        loss = get_loss(
+            spec.loss,
+            dim=model.dim,
+            num_labels=num_labels,
+            matryoshka_dims=spec.matryoshka_dims,
+            matryoshka_weights=spec.matryoshka_weights,
+            **spec.loss_options,
+        )
+        task = Task(Path(path).stem, data, loss)
+        task.validate()
+        tasks.append(task)
+    return tasks
+
+
+def run(spec: RunSpec) -> dict[str, Any]:
+    """Load the model, build tasks and the evaluator, train, and return the training summary."""
+    from embforge.encoder import Encoder
+    from embforge.evaluate.sts import sts_evaluator
+
+    model = Encoder.load(spec.model, max_seq_length=spec.max_seq_length)
+    if spec.matryoshka_dims and max(spec.matryoshka_dims) > model.dim:
+        raise ValueError(
+            f"matryoshka_dims: {max(spec.matryoshka_dims)} is larger than the model's dimension {model.dim}"
+        )
+    tasks = build_tasks(spec, model)
+    evaluator = sts_evaluator(read_table(spec.eval, columns=spec.columns)) if spec.eval else None
+    return train(model, tasks, spec.config, evaluator=evaluator)

