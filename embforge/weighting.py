@@ -1,0 +1,110 @@
+"""Dynamic task weights: tasks whose loss stays high get sampled more often.
+
+Every ``every`` optimiser steps the weights move toward each task's share of the recent mean loss:
+
+.. math::
+
+    \\bar L_t = \\text{mean loss of task } t \\text{ over the last window}, \\qquad
+    w_t \\leftarrow (1 - \\beta)\\, w_t + \\beta\\, \\frac{\\bar L_t}{\\sum_s \\bar L_s}
+
+with ``β = smoothing`` and the weights first normalised to sum to 1. A task that gave no batch in the window
+keeps its previous mean (or, if it has none yet, its current weight as its target), so rarely sampled tasks
+are not starved. Weights never drop below ``floor`` (then are renormalised) so every task keeps being seen.
+The state is a plain dict saved with the trainer's progress, so a resumed run continues the same schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class DynamicWeights:
+    """Loss-share task weights updated every ``every`` steps with smoothing ``β``.
+
+    Example:
+        >>> dw = DynamicWeights([1.0, 1.0], every=2, smoothing=0.5)
+        >>> dw.observe(0, 3.0); dw.observe(1, 1.0)
+        >>> dw.step(1) is None, dw.step(2)["weights"]
+        (True, [0.625, 0.375])
+    """
+
+    def __init__(
+        self,
+        weights: Sequence[float],
+        *,
+        every: int,
+        smoothing: float = 0.5,
+        floor: float = 0.0,
+        names: Sequence[str] | None = None,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"dynamic weights: every must be >= 1 step, got {every}")
+        if not 0.0 <= smoothing <= 1.0:
+            raise ValueError(f"dynamic weights: smoothing must be in [0, 1], got {smoothing}")
+        if not 0.0 <= floor * len(weights) < 1.0:
+            raise ValueError(
+                f"dynamic weights: floor × tasks must be in [0, 1), got {floor} × {len(weights)}"
+            )
+        total = float(sum(weights))
+        if total <= 0 or min(weights) < 0:
+            raise ValueError(f"task weights must be >= 0 with a positive sum, got {list(weights)}")
+        self.weights = [float(w) / total for w in weights]
+        self.every = every
+        self.smoothing = smoothing
+        self.floor = floor
+        self.names = list(names) if names is not None else [str(i) for i in range(len(weights))]
+        self.sums = [0.0] * len(weights)
+        self.counts = [0] * len(weights)
+        self.means: list[float | None] = [None] * len(weights)
+
+    def observe(self, task: int, loss: float) -> None:
+        """Record one batch's loss for ``task``."""
+        self.sums[task] += float(loss)
+        self.counts[task] += 1
+
+    def step(self, step: int) -> dict[str, Any] | None:
+        """After optimiser step ``step``: update the weights when it is a multiple of ``every``.
+
+        Returns:
+            ``None`` between updates, else a record for ``metrics.jsonl``: step, the window's mean losses and
+            the new weights (both by task name).
+        """
+        if step % self.every:
+            return None
+        for t, (total, count) in enumerate(zip(self.sums, self.counts)):
+            if count:
+                self.means[t] = total / count
+        known = [m for m in self.means if m is not None]
+        if known and sum(known) > 0:
+            total_known = sum(known)
+            share_known = sum(w for w, m in zip(self.weights, self.means) if m is not None)
+            # tasks not seen yet aim at their current weight; the seen ones share the rest by loss
+            target = [
+                w if m is None else share_known * m / total_known for w, m in zip(self.weights, self.means)
+            ]
+            beta = self.smoothing
+            new = [(1 - beta) * w + beta * g for w, g in zip(self.weights, target)]
+            new = [max(w, self.floor) for w in new]
+            self.weights = [w / sum(new) for w in new]
+        self.sums = [0.0] * len(self.sums)
+        self.counts = [0] * len(self.counts)
+        return {
+            "step": step,
+            "task_weights": dict(zip(self.names, self.weights)),
+            "task_mean_loss": {n: m for n, m in zip(self.names, self.means) if m is not None},
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (weights, the current window and the last means)."""
+        return {"weights": self.weights, "sums": self.sums, "counts": self.counts, "means": self.means}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["weights"]) != len(self.weights):
+            raise ValueError(
+                f"dynamic-weight state has {len(state['weights'])} tasks, this run has {len(self.weights)}"
+            )
+        self.weights = [float(w) for w in state["weights"]]
+        self.sums = [float(s) for s in state["sums"]]
+        self.counts = [int(c) for c in state["counts"]]
+        self.means = [None if m is None else float(m) for m in state["means"]]
