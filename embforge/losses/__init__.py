@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from embforge.losses.base import EmbeddingLoss
+from embforge.losses.classification import ClusterLoss, PrototypeLoss, SupConLoss
 from embforge.losses.cosent import CoSENTLoss, cosent
 from embforge.losses.infonce import InfoNCELoss, SimCSELoss
 from embforge.losses.margin import ContrastiveLoss, TripletLoss
@@ -21,18 +22,24 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
     "softmax": SoftmaxLoss,
     "contrastive": ContrastiveLoss,
     "triplet": TripletLoss,
+    "prototype": PrototypeLoss,
+    "cluster": ClusterLoss,
+    "supcon": SupConLoss,
 }
 
 __all__ = [
     "LOSSES",
+    "ClusterLoss",
     "CoSENTLoss",
     "ContrastiveLoss",
     "CosineMSELoss",
     "EmbeddingLoss",
     "InfoNCELoss",
     "MatryoshkaLoss",
+    "PrototypeLoss",
     "SimCSELoss",
     "SoftmaxLoss",
+    "SupConLoss",
     "TripletLoss",
     "cosent",
     "get_loss",
@@ -62,9 +69,9 @@ def get_loss(
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
     cls = LOSSES[name]
-    if cls is SoftmaxLoss:
+    if cls is SoftmaxLoss or cls is PrototypeLoss:
         if dim is None or num_labels is None:
-            raise ValueError("the softmax loss needs the embedding dim and the number of labels")
+            raise ValueError(f"the {name} loss needs the embedding dim and the number of labels")
         options = {"dim": dim, "num_labels": num_labels, **options}
     try:
         loss = cls(**options)

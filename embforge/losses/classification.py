@@ -1,0 +1,152 @@
+"""Classification and clustering as embedding-training tasks (single text column + integer ``label``).
+
+Three losses, all on L2-normalised embeddings so they train the geometry that cosine search uses:
+
+- :class:`PrototypeLoss` (``prototype``): cross-entropy over cosine similarities to learnable class prototypes;
+- :class:`ClusterLoss` (``cluster``): each text must be closer to its class's centre *in the batch* than to the
+  other classes' centres (the centres are batch means, nothing is learnt besides the encoder);
+- :class:`SupConLoss` (``supcon``): supervised contrastive, every same-label text of the batch is a positive.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from embforge.losses.base import EmbeddingLoss, cosine_matrix
+
+
+def _check(embeddings: list[Tensor], labels: Tensor | None, name: str) -> tuple[Tensor, Tensor]:
+    if labels is None:
+        raise ValueError(f"the {name!r} loss needs an integer 'label' column")
+    return F.normalize(embeddings[0].float(), dim=-1), labels.long().reshape(-1)
+
+
+class PrototypeLoss(EmbeddingLoss):
+    r"""Classification against learnable class prototypes: cosine logits over a temperature, cross-entropy.
+
+    .. math:: \mathcal{L} = \mathrm{CE}\big(\cos(e_i, p_k) / \tau,\ y_i\big)
+
+    ============ ==========================================
+    columns      ``text, label`` (label an int in ``[0, num_labels)``)
+    parameters   ``num_labels × dim`` prototypes, trained with the encoder, not saved with it
+    ============ ==========================================
+
+    Prototypes are sliced to the embedding's size, so the loss can be wrapped by Matryoshka (each prefix is
+    classified against the prototypes' prefix).
+
+    Example:
+        >>> loss = PrototypeLoss(dim=8, num_labels=3)
+        >>> float(loss([torch.randn(4, 8)], torch.tensor([0, 1, 2, 0]))) > 0
+        True
+    """
+
+    name = "prototype"
+    min_texts = 1
+    max_texts = 1
+    needs_labels = True
+
+    def __init__(self, dim: int, num_labels: int, temperature: float = 0.05) -> None:
+        super().__init__()
+        if num_labels < 2:
+            raise ValueError(f"the prototype loss needs at least 2 labels, got {num_labels}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+        self.num_labels = num_labels
+        self.prototypes = nn.Parameter(torch.randn(num_labels, dim) / math.sqrt(dim))
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
+        if labels.size and (labels.min() < 0 or labels.max() >= self.num_labels):
+            raise ValueError(
+                f"labels must be in [0, {self.num_labels}), found {labels.min()}..{labels.max()}"
+            )
+        return labels
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        e, y = _check(embeddings, labels, self.name)
+        logits = cosine_matrix(e, self.prototypes[:, : e.shape[-1]]) / self.temperature
+        return F.cross_entropy(logits, y)
+
+
+class ClusterLoss(EmbeddingLoss):
+    r"""Clustering by distance to the batch's cluster centres.
+
+    The centre of class *k* is the mean of the batch's normalised embeddings of that class; for a text's own
+    class the text itself is left out of the mean (else a singleton would be its own centre):
+
+    .. math::
+        c_k^{(-i)} = \mathrm{norm}\Big(\sum_{j \ne i,\ y_j = k} e_j\Big), \qquad
+        \mathcal{L} = -\frac{1}{|A|}\sum_{i \in A} \log
+        \frac{e^{\cos(e_i, c_{y_i}^{(-i)})/\tau}}{\sum_k e^{\cos(e_i, c_k^{(-i)})/\tau}}
+
+    where *A* holds the texts whose class has another member in the batch (0 if none does).
+
+    Columns: ``text, label``.
+    """
+
+    name = "cluster"
+    min_texts = 1
+    max_texts = 1
+    needs_labels = True
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        e, y = _check(embeddings, labels, self.name)
+        classes, y = torch.unique(y, return_inverse=True)
+        one_hot = F.one_hot(y, len(classes)).to(e.dtype)  # (n, K)
+        sums = one_hot.T @ e  # (K, d)
+        counts = one_hot.sum(0)  # (K,)
+        anchors = counts[y] > 1
+        if not anchors.any():
+            return e.sum() * 0.0
+        # centres seen from text i: its own class without it, the other classes whole
+        centres = sums.unsqueeze(0) - one_hot.unsqueeze(-1) * e.unsqueeze(1)  # (n, K, d)
+        centres = F.normalize(centres, dim=-1)
+        logits = torch.einsum("nd,nkd->nk", e, centres) / self.temperature
+        return F.cross_entropy(logits[anchors], y[anchors])
+
+
+class SupConLoss(EmbeddingLoss):
+    r"""Supervised contrastive loss (Khosla et al., 2020) over the batch.
+
+    .. math::
+        \mathcal{L} = \frac{1}{|A|}\sum_{i \in A} \frac{-1}{|P(i)|} \sum_{p \in P(i)}
+        \log \frac{e^{\cos(e_i, e_p)/\tau}}{\sum_{a \ne i} e^{\cos(e_i, e_a)/\tau}}
+
+    with *P(i)* the other texts of *i*'s class and *A* the texts that have one. Columns: ``text, label``.
+    """
+
+    name = "supcon"
+    min_texts = 1
+    max_texts = 1
+    needs_labels = True
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        e, y = _check(embeddings, labels, self.name)
+        n = len(y)
+        self_mask = torch.eye(n, dtype=torch.bool, device=e.device)
+        logits = (e @ e.T / self.temperature).masked_fill(self_mask, float("-inf"))
+        log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+        positives = (y.unsqueeze(0) == y.unsqueeze(1)) & ~self_mask
+        count = positives.sum(1)
+        anchors = count > 0
+        if not anchors.any():
+            return e.sum() * 0.0
+        per_anchor = -(log_prob.masked_fill(~positives, 0.0).sum(1)[anchors]) / count[anchors]
+        return per_anchor.mean()
