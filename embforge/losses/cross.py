@@ -1,0 +1,212 @@
+"""Cross-encoder losses: the logits of scored pairs (and labels) in, a scalar out. Selectable by name.
+
+=============  ====================================  =============================================================
+name           data                                  formula
+=============  ====================================  =============================================================
+``bce``        two texts + label 0/1 (or score)      binary cross-entropy on the logit, ``σ(f)`` vs ``y``
+``ce``         two texts + class label               softmax cross-entropy over ``num_labels`` logits
+``cosent``     two texts + score or label            :func:`embforge.losses.cosent.cosent` on the logits
+``mse``        two texts + score                     ``mean((f - y)²)``
+``listwise``   query + positive [+ negatives]        InfoNCE over each query's candidates (in-batch if no
+                                                     negatives): ``-log softmax(s · f)[positive]``
+=============  ====================================  =============================================================
+
+Every loss sees tensors only: the trainer scores the pairs with the model and passes the logits. They carry the
+same class attributes as :class:`~embforge.losses.base.EmbeddingLoss` (``min_texts``, ``max_texts``,
+``needs_labels``) so :meth:`embforge.tasks.Task.validate` checks the data for them, plus ``grouped`` (the scores
+arrive as ``(queries, candidates)``).
+
+Example:
+    >>> import torch
+    >>> loss = get_cross_loss("cosent")
+    >>> round(float(loss(torch.tensor([[2.0], [0.0]]), torch.tensor([1.0, 0.0]))), 4)
+    0.1269
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from embforge.losses.cosent import cosent
+
+
+class CrossLoss(nn.Module):
+    """Base class of cross-encoder losses: ``forward(logits, labels) -> scalar``.
+
+    ``logits`` is ``(batch, num_labels)`` for pointwise losses and ``(queries, candidates)`` for grouped ones.
+    """
+
+    name = "cross"
+    min_texts = 2
+    max_texts: int | None = 2
+    needs_labels = True
+    repeat_single_text = False
+    fixed_dim = False
+    grouped = False
+    scores_in = True  # marks a cross-encoder loss (vs. an embedding loss)
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
+        """Turn a whole data set's labels into what ``forward`` expects (called once per task)."""
+        return labels
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+def _single_logit(logits: Tensor, name: str) -> Tensor:
+    if logits.ndim == 2 and logits.shape[1] != 1:
+        raise ValueError(
+            f"the {name!r} loss needs a one-label cross-encoder (num_labels=1), got {logits.shape[1]} logits per pair"
+        )
+    return logits.float().reshape(-1)
+
+
+class BCELoss(CrossLoss):
+    """Binary cross-entropy on the single logit: ``-[y log σ(f) + (1-y) log(1-σ(f))]``, averaged.
+
+    Labels are 0/1 classes or soft targets in [0, 1]; ``label_max`` divides graded labels first (e.g. 5 for
+    STS-B scores 0–5). Same as sentence-transformers' ``BinaryCrossEntropyLoss``.
+    """
+
+    name = "bce"
+
+    def __init__(self, label_max: float | None = None, pos_weight: float | None = None) -> None:
+        super().__init__()
+        self.label_max = label_max
+        self.pos_weight = None if pos_weight is None else torch.tensor(float(pos_weight))
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
+        labels = labels.astype(np.float32)
+        if self.label_max is not None:
+            labels = labels / self.label_max
+        if labels.min() < 0 or labels.max() > 1:
+            raise ValueError(
+                f"the 'bce' loss needs labels in [0, 1], got {labels.min():g}..{labels.max():g}; "
+                "pass label_max=<largest score> (e.g. --loss-option label_max=5) to scale graded labels"
+            )
+        return labels
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        pos_weight = None if self.pos_weight is None else self.pos_weight.to(logits.device)
+        return F.binary_cross_entropy_with_logits(
+            _single_logit(logits, self.name), labels.float().reshape(-1), pos_weight=pos_weight
+        )
+
+
+class SoftmaxCELoss(CrossLoss):
+    """Softmax cross-entropy over ``num_labels`` logits against integer class labels (2-class CE for pairs).
+
+    Same as sentence-transformers' cross-encoder ``CrossEntropyLoss``.
+    """
+
+    name = "ce"
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
+        if not np.all(labels == np.round(labels)):
+            raise ValueError(
+                "the 'ce' loss needs integer class labels; use 'bce', 'mse' or 'cosent' for scores"
+            )
+        return labels.astype(np.int64)
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        if logits.ndim != 2 or logits.shape[1] < 2:
+            raise ValueError("the 'ce' loss needs a cross-encoder with num_labels >= 2 (e.g. 2 for pairs)")
+        return F.cross_entropy(logits.float(), labels.long().reshape(-1))
+
+
+class CrossCoSENTLoss(CrossLoss):
+    """CoSENT on the batch of pair logits: ``log(1 + Σ_{y_i > y_j} exp(λ (f_j - f_i)))``.
+
+    Only the order of the labels is used, so graded scores and 0/1 labels both work. The logit is unbounded,
+    so ``λ`` (``scale``) defaults to 1 (the head learns the scale); 20 is the bi-encoder value for cosines.
+    """
+
+    name = "cosent"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        return cosent(_single_logit(logits, self.name), labels, scale=self.scale)
+
+
+class MSELoss(CrossLoss):
+    """Mean squared error between the logit (optionally through a sigmoid) and the label.
+
+    ``activation="identity"`` (default) equals sentence-transformers' cross-encoder ``MSELoss``.
+    """
+
+    name = "mse"
+
+    def __init__(self, activation: str = "identity", label_max: float | None = None) -> None:
+        super().__init__()
+        if activation not in ("identity", "sigmoid"):
+            raise ValueError(f"activation must be 'identity' or 'sigmoid', got {activation!r}")
+        self.activation = activation
+        self.label_max = label_max
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
+        labels = labels.astype(np.float32)
+        return labels / self.label_max if self.label_max is not None else labels
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        scores = _single_logit(logits, self.name)
+        if self.activation == "sigmoid":
+            scores = torch.sigmoid(scores)
+        return F.mse_loss(scores, labels.float().reshape(-1))
+
+
+class ListwiseLoss(CrossLoss):
+    """InfoNCE over each query's candidates: ``-log softmax(scale · f(q, ·))[positive]``, averaged over queries.
+
+    Columns: ``anchor, positive[, negative_1, ...]``; the positive is candidate 0. Without negative columns the
+    other rows' positives in the batch are the negatives (``batch²`` pairs are scored).
+    """
+
+    name = "listwise"
+    max_texts = None
+    needs_labels = False
+    grouped = True
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        target = labels if labels is not None else torch.zeros(len(logits), dtype=torch.long)
+        return F.cross_entropy(self.scale * logits.float(), target.long().to(logits.device))
+
+
+CROSS_LOSSES: dict[str, type[CrossLoss]] = {
+    "bce": BCELoss,
+    "ce": SoftmaxCELoss,
+    "cosent": CrossCoSENTLoss,
+    "mse": MSELoss,
+    "listwise": ListwiseLoss,
+}
+
+
+def get_cross_loss(name: str, **options: Any) -> CrossLoss:
+    """Build a cross-encoder loss by name (``bce``, ``ce``, ``cosent``, ``mse``, ``listwise``).
+
+    Args:
+        name: The loss name.
+        **options: Keyword arguments of the loss class (e.g. ``scale=1``, ``label_max=5``).
+    """
+    key = {"infonce": "listwise", "softmax": "ce", "cross_entropy": "ce"}.get(name, name)
+    if key not in CROSS_LOSSES:
+        raise ValueError(f"unknown cross-encoder loss {name!r}; choose one of {', '.join(CROSS_LOSSES)}")
+    try:
+        return CROSS_LOSSES[key](**options)
+    except TypeError as err:
+        raise ValueError(f"bad option for cross-encoder loss {name!r}: {err}") from None
