@@ -13,7 +13,7 @@ _LAZY = {
     "Encoder": "embforge.encoder",
     "CrossEncoder": "embforge.cross_encoder",
     "TrainConfig": "embforge.train",
-    "Task": "embforge.train",
+    "Task": "embforge.tasks",
     "train": "embforge.train",
     "read_table": "embforge.data",
     "get_loss": "embforge.losses",
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from embforge.data import read_table
     from embforge.encoder import Encoder
     from embforge.losses import get_loss
-    from embforge.train import Task, TrainConfig, train
+    from embforge.tasks import Task
+    from embforge.train import TrainConfig, train
 
 __all__ = ["Encoder", "Task", "TrainConfig", "__version__", "get_loss", "read_table", "train"]
 

@@ -39,8 +39,8 @@ class Encoder(nn.Module):
 
     def __init__(
         self,
-        backbone: Any,  # noqa: ANN401  (a transformers PreTrainedModel)
-        tokenizer: Any,  # noqa: ANN401  (a transformers tokenizer)
+        backbone: Any,
+        tokenizer: Any,
         *,
         pooling: str = "mean",
         normalize: bool = False,
@@ -118,6 +118,12 @@ class Encoder(nn.Module):
         inverse = torch.empty(len(order), dtype=torch.long, device=emb.device)
         inverse[torch.as_tensor(order, device=emb.device)] = torch.arange(len(order), device=emb.device)
         return emb[inverse]
+
+    def prepare_task(self, task: Any) -> Any:
+        """Tokenise a training task once (see :mod:`embforge.tasks`)."""
+        from embforge.tasks import PreparedEmbeddingTask
+
+        return PreparedEmbeddingTask(task, self)
 
     @property
     def pad_token_id(self) -> int:

@@ -14,7 +14,8 @@ from typing import Any
 
 from embforge.data import read_table
 from embforge.models import DEFAULT_MODEL
-from embforge.train import Task, TrainConfig, train
+from embforge.tasks import Task
+from embforge.train import TrainConfig, train
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -11,13 +11,13 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 from tqdm.auto import tqdm
 
 from embforge.checkpoint import (
@@ -27,9 +27,9 @@ from embforge.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from embforge.data import DataError, Dataset
-from embforge.losses import EmbeddingLoss
-from embforge.sampling import PlannedBatch, epoch_plan
+from embforge.sampling import STRATEGIES, TaskPlan, row_texts, uses_in_batch_negatives
+from embforge.tasks import Task
+from embforge.weighting import DynamicWeights
 
 Evaluator = Callable[[Any], dict[str, float]]
 
@@ -60,6 +60,10 @@ class TrainConfig:
     chunk_tokens: int | None = None
     metric: str = "spearman"
     device: str = "auto"
+    sampling: str = "epoch"
+    sampling_alpha: float = 0.5
+    dynamic_weights_every: int = 0
+    dynamic_weights_smoothing: float = 0.5
     resume: bool = False
     quiet: bool = False
 
@@ -69,65 +73,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.sampling not in STRATEGIES:
+            raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
         if self.amp not in ("auto", "no", "fp16", "bf16"):
             raise ValueError(f"amp must be auto, no, fp16 or bf16, got {self.amp!r}")
-
-
-@dataclass
-class Task:
-    """One training task: a data set, the loss that trains on it, and its sampling weight."""
-
-    name: str
-    data: Dataset
-    loss: EmbeddingLoss
-    weight: float = 1.0
-    prompts: dict[str, str] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        """Check that the data has the columns the loss needs, naming the task, file and column."""
-        columns = self.data.text_columns
-        loss = self.loss
-        where = f"task {self.name!r} (loss {loss.name!r})"
-        if len(columns) < loss.min_texts:
-            raise DataError(
-                f"{self.data.path}:1: {where} needs at least {loss.min_texts} text column(s), "
-                f"found {columns or 'none'}"
-            )
-        if loss.max_texts is not None and len(columns) > loss.max_texts:
-            raise DataError(
-                f"{self.data.path}:1: {where} takes at most {loss.max_texts} text column(s), found {columns}"
-            )
-        if loss.needs_labels and self.data.label_column is None:
-            raise DataError(
-                f"{self.data.path}:1: {where} needs a 'score' or 'label' column; "
-                f"found {list(self.data.columns)}"
-            )
-
-
-class _Prepared:
-    """A task's data tokenised once: token ids per text column and the labels as a tensor."""
-
-    def __init__(self, task: Task, model: Any) -> None:
-        task.validate()
-        self.task = task
-        names = task.data.text_columns
-        self.ids = [
-            model.tokenize_ids(
-                task.data.columns[c], prefix=model.prompt_text(prompt_name=task.prompts.get(c))
-            )
-            for c in names
-        ]
-        if task.loss.repeat_single_text:
-            self.ids = self.ids * 2
-        labels = task.data.labels()
-        self.labels = None if labels is None else torch.as_tensor(task.loss.prepare_labels(labels))
-        self.lengths = [sum(len(col[r]) for col in self.ids) for r in range(len(task.data))]
-
-    def loss(self, model: Any, rows: tuple[int, ...], chunk_tokens: int) -> Tensor:
-        flat = [col[r] for col in self.ids for r in rows]
-        embeddings = list(model.embed_ids(flat, max_tokens=chunk_tokens).split(len(rows)))
-        labels = None if self.labels is None else self.labels[list(rows)].to(embeddings[0].device)
-        return self.task.loss(embeddings, labels)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -209,13 +158,34 @@ def train(
     seed_everything(config.seed)
     model.to(device)
     losses = nn.ModuleList([t.loss for t in tasks]).to(device)
-    prepared = [_Prepared(task, model) for task in tasks]
+    prepared = [model.prepare_task(task) for task in tasks]
     sizes = [len(t.data) for t in tasks]
     weights = [t.weight for t in tasks]
     lengths = [p.lengths for p in prepared] if config.group_by_length else None
+    # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
+    distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
+    dynamic = (
+        DynamicWeights(
+            weights,
+            every=config.dynamic_weights_every,
+            smoothing=config.dynamic_weights_smoothing,
+            names=[t.name for t in tasks],
+        )
+        if config.dynamic_weights_every
+        else None
+    )
 
-    def plan_for(epoch: int) -> list[PlannedBatch]:
-        return epoch_plan(sizes, weights, config.batch_size, seed=config.seed, epoch=epoch, lengths=lengths)
+    def plan_for(epoch: int) -> TaskPlan:
+        return TaskPlan(
+            sizes,
+            config.batch_size,
+            seed=config.seed,
+            epoch=epoch,
+            strategy=config.sampling,
+            alpha=config.sampling_alpha,
+            lengths=lengths,
+            distinct=distinct,
+        )
 
     batches_per_epoch = sum(math.ceil(n / config.batch_size) for n in sizes)
     total_steps = config.max_steps or math.ceil(config.epochs * batches_per_epoch / config.grad_accum)
@@ -240,11 +210,14 @@ def train(
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         _log(out, {"event": "resume", "from": resume_from.name, **progress})
+    if dynamic is not None and "dynamic_weights" in progress:
+        dynamic.load_state_dict(progress["dynamic_weights"])
 
     plan = plan_for(progress["epoch"])
     metrics_file = out / "metrics.jsonl"
     bar = tqdm(total=total_steps, initial=progress["step"], disable=config.quiet, desc="train")
     running, started, step_pairs = [], time.perf_counter(), 0
+    task_running: dict[str, list[float]] = {}
     last_metrics: dict[str, float] = {}
     model.train()
     while progress["step"] < total_steps:
@@ -253,9 +226,9 @@ def train(
             if progress["position"] >= len(plan):
                 progress["epoch"] += 1
                 progress["position"] = 0
+                progress["cursors"] = [0] * len(tasks)
                 plan = plan_for(progress["epoch"])
-            batch = plan[progress["position"]]
-            progress["position"] += 1
+            batch = plan.take(progress, dynamic.weights if dynamic is not None else weights)
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 loss = prepared[batch.task].loss(model, batch.rows, chunk_tokens)
             if not torch.isfinite(loss):
@@ -265,6 +238,9 @@ def train(
                 )
             scaler.scale(loss / config.grad_accum).backward()
             running.append(loss.item())
+            task_running.setdefault(tasks[batch.task].name, []).append(running[-1])
+            if dynamic is not None:
+                dynamic.observe(batch.task, running[-1])
             step_pairs += len(batch.rows)
         scaler.unscale_(optimizer)
         if config.max_grad_norm > 0:
@@ -279,6 +255,11 @@ def train(
         step_pairs = 0
         step = progress["step"]
         bar.update(1)
+        if dynamic is not None:  # loss-share task weights (embforge/weighting.py), saved with the progress
+            reweighted = dynamic.step(step)
+            progress["dynamic_weights"] = dynamic.state_dict()
+            if reweighted is not None:
+                _append_jsonl(metrics_file, reweighted)
         if step % config.log_every == 0 or step == total_steps:
             mean_loss = float(np.mean(running))
             running = []
@@ -290,8 +271,14 @@ def train(
                     "epoch": progress["epoch"],
                     "loss": mean_loss,
                     "lr": scheduler.get_last_lr()[0],
+                    **(
+                        {"task_loss": {k: float(np.mean(v)) for k, v in task_running.items()}}
+                        if len(tasks) > 1
+                        else {}
+                    ),
                 },
             )
+            task_running = {}
         if evaluator is not None and (
             (config.eval_every and step % config.eval_every == 0) or step == total_steps
         ):

@@ -1,0 +1,7 @@
+"""``python -m embforge.cli``."""
+
+import sys
+
+from embforge.cli import main
+
+sys.exit(main())
