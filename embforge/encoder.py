@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from tqdm.auto import tqdm
 from embforge.batching import pad_ids, sort_by_length, token_budget_chunks
 from embforge.models import load_backbone, resolve_model_path
 from embforge.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
+
+if TYPE_CHECKING:
+    from embforge.onnx_backend import OnnxEncoder
 
 ST_TRANSFORMER = "sentence_transformers.models.Transformer"
 ST_POOLING = "sentence_transformers.models.Pooling"
@@ -184,6 +187,7 @@ class Encoder(nn.Module):
         return out.numpy()
 
     # ------------------------------------------------------------------ persistence
+    @overload
     @classmethod
     def load(
         cls,
@@ -193,12 +197,48 @@ class Encoder(nn.Module):
         pooling: str | None = None,
         normalize: bool | None = None,
         max_seq_length: int | None = None,
-    ) -> Encoder:
+        backend: Literal["torch"] = "torch",
+    ) -> Encoder: ...
+
+    @overload
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        device: str | torch.device | None = None,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+        backend: Literal["onnx"],
+    ) -> OnnxEncoder: ...
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        device: str | torch.device | None = None,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+        backend: str = "torch",
+    ) -> Encoder | OnnxEncoder:
         """Load a sentence-transformers folder (honouring ``modules.json``) or any Hugging Face encoder folder.
 
         Options given here override what the folder says. A plain HF folder gets mean pooling, no
         normalisation and ``max_seq_length = min(512, tokenizer.model_max_length)`` unless told otherwise.
+        ``backend="onnx"`` loads an ``embforge export onnx`` folder (or one ``.onnx`` file in it, e.g. the int8
+        graph) as an :class:`~embforge.onnx_backend.OnnxEncoder` with the same ``encode()`` (CPU only).
         """
+        if backend == "onnx":
+            from embforge.onnx_backend import OnnxEncoder
+
+            if device is not None and str(device) != "cpu":
+                raise ValueError(f"the onnx backend runs on the CPU; device={device!r} is not supported")
+            return OnnxEncoder.load(path, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length)
+        if backend != "torch":
+            raise ValueError(f"backend must be 'torch' or 'onnx', got {backend!r}")
         root = resolve_model_path(path)
         settings = read_st_settings(root)
         backbone, tokenizer = load_backbone(root / settings.pop("transformer_path"))

@@ -16,7 +16,9 @@ After writing, the fp32 graph is run on real sentences next to the PyTorch model
 from __future__ import annotations
 
 import json
+import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,7 @@ class BiEncoderGraph(nn.Module):
 
 
 class CrossEncoderGraph(nn.Module):
-    """A sequence-classification model returning its logits."""
+    """A sequence-classification model returning its raw logits (the activation is applied by the runtime)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -93,15 +95,6 @@ class CrossEncoderGraph(nn.Module):
         return self.model(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).logits.float()
-
-
-def is_cross_encoder_folder(folder: Path) -> bool:
-    """True for a Hugging Face ``...ForSequenceClassification`` folder without sentence-transformers pooling."""
-    config = folder / "config.json"
-    if not config.is_file() or (folder / "modules.json").is_file():
-        return False
-    architectures = json.loads(config.read_text()).get("architectures") or []
-    return any(str(a).endswith("ForSequenceClassification") for a in architectures)
 
 
 def _eager(model: nn.Module) -> nn.Module:
@@ -116,7 +109,10 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: lis
     require("onnx")
     dynamic = {name: {0: "batch", 1: "sequence"} for name in inputs}
     dynamic[output] = {0: "batch"}
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        # the tracer's notes about Python booleans and advanced indexing concern shapes the parity check covers
+        warnings.simplefilter("ignore", category=UserWarning)
+        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(
             module,
             args,
@@ -135,7 +131,13 @@ def quantize_int8(source: Path, target: Path) -> None:
     require("onnxruntime")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
+    quant_logger = logging.getLogger()
+    level = quant_logger.level
+    quant_logger.setLevel(logging.ERROR)  # onnxruntime logs a generic "consider pre-processing" warning
+    try:
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
+    finally:
+        quant_logger.setLevel(level)
 
 
 def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -181,6 +183,8 @@ def export_onnx(
     out.mkdir(parents=True, exist_ok=True)
     for stale in (FP32_FILE, INT8_FILE, META_FILE):
         (out / stale).unlink(missing_ok=True)
+    from embforge.cross_encoder import is_cross_encoder_folder
+
     if is_cross_encoder_folder(source):
         if dim is not None:
             raise ValueError("--dim applies to bi-encoders only; a cross-encoder outputs scores")
@@ -262,14 +266,12 @@ def _export_cross_encoder(
     parity_texts: Sequence[str] | None,
     max_score_diff: float,
 ) -> dict[str, Any]:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
+    from embforge.cross_encoder import CrossEncoder
     from embforge.onnx_backend import OnnxCrossEncoder
 
-    tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-    model = _eager(AutoModelForSequenceClassification.from_pretrained(str(source), local_files_only=True))
-    max_len = min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
-    enc = tokenizer(
+    ce = CrossEncoder.load(source)
+    _eager(ce.model)
+    enc = ce.tokenizer(
         ["a query", "another query"],
         ["a document", "a longer document text"],
         padding=True,
@@ -277,14 +279,9 @@ def _export_cross_encoder(
     )
     token_types = enc.get("token_type_ids", torch.zeros_like(enc["input_ids"]))
     args = (enc["input_ids"], enc["attention_mask"], token_types)
-    _export(
-        CrossEncoderGraph(model),
-        args,
-        out / FP32_FILE,
-        ["input_ids", "attention_mask", "token_type_ids"],
-        "logits",
-    )
-    tokenizer.save_pretrained(out)
+    inputs = ["input_ids", "attention_mask", "token_type_ids"]
+    _export(CrossEncoderGraph(ce.model), args, out / FP32_FILE, inputs, "logits")
+    ce.tokenizer.save_pretrained(out)
     files = {"fp32": FP32_FILE}
     if quantize == "int8":
         quantize_int8(out / FP32_FILE, out / INT8_FILE)
@@ -293,9 +290,10 @@ def _export_cross_encoder(
         "format": 1,
         "kind": "cross-encoder",
         "files": files,
-        "num_labels": int(model.config.num_labels),
-        "max_seq_length": max_len,
-        "inputs": ["input_ids", "attention_mask", "token_type_ids"],
+        "num_labels": int(ce.num_labels),
+        "activation": ce.activation,
+        "max_seq_length": int(ce.max_seq_length),
+        "inputs": inputs,
         "output": "logits",
         "opset": 17,
     }
@@ -305,22 +303,12 @@ def _export_cross_encoder(
         pairs = [(texts[i], texts[(i + 1) % len(texts)]) for i in range(len(texts))]
     else:
         pairs = list(PARITY_PAIRS)
-    with torch.no_grad():
-        batch = tokenizer(
-            [a for a, _ in pairs],
-            [b for _, b in pairs],
-            padding=True,
-            truncation=True,
-            max_length=max_len,
-            return_tensors="pt",
-        )
-        reference = model(**batch).logits.float().numpy()
-    reference = reference[:, 0] if reference.shape[1] == 1 else reference
-    scores = OnnxCrossEncoder.load(out / FP32_FILE).predict(pairs, batch_size=4)
+    reference = ce.predict(pairs, activation=False)
+    scores = OnnxCrossEncoder.load(out / FP32_FILE).predict(pairs, batch_size=4, activation=False)
     diff = float(np.abs(reference - scores).max())
     meta["parity"] = {"pairs": len(pairs), "fp32_max_abs_diff": diff}
     if quantize == "int8":
-        q_scores = OnnxCrossEncoder.load(out / INT8_FILE).predict(pairs, batch_size=4)
+        q_scores = OnnxCrossEncoder.load(out / INT8_FILE).predict(pairs, batch_size=4, activation=False)
         meta["parity"]["int8_max_abs_diff"] = float(np.abs(reference - q_scores).max())
     if diff > max_score_diff:
         raise ExportParityError(

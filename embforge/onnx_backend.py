@@ -48,7 +48,7 @@ def read_export_meta(path: str | os.PathLike) -> tuple[Path, Path, dict[str, Any
     return folder, graph, meta
 
 
-def make_session(graph: Path, *, threads: int | None = None) -> Any:  # noqa: ANN401
+def make_session(graph: Path, *, threads: int | None = None) -> Any:
     """An onnxruntime CPU session with full graph optimisation."""
     ort = require("onnxruntime")
     options = ort.SessionOptions()
@@ -58,7 +58,7 @@ def make_session(graph: Path, *, threads: int | None = None) -> Any:  # noqa: AN
     return ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def _load_tokenizer(folder: Path) -> Any:  # noqa: ANN401
+def _load_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -82,7 +82,7 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
 class OnnxEncoder:
     """A bi-encoder running an exported graph: texts -> vectors, same ``encode()`` as :class:`Encoder`."""
 
-    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:  # noqa: ANN401
+    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.meta = meta
@@ -208,9 +208,9 @@ class OnnxEncoder:
 
 
 class OnnxCrossEncoder:
-    """A cross-encoder running an exported graph: ``predict(pairs)`` -> one score per pair (raw logits)."""
+    """A cross-encoder running an exported graph: ``predict(pairs)`` -> one score per pair."""
 
-    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any]) -> None:  # noqa: ANN401
+    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any]) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.meta = meta
@@ -225,8 +225,18 @@ class OnnxCrossEncoder:
             raise ValueError(f"{graph} is a {meta.get('kind')} export; load it with OnnxEncoder")
         return cls(make_session(graph, threads=threads), _load_tokenizer(folder), meta)
 
-    def predict(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32) -> np.ndarray:
-        """Scores of ``(query, document)`` pairs: ``(n,)`` for one-label models, else ``(n, labels)``."""
+    @property
+    def activation(self) -> str | None:
+        return self.meta.get("activation")
+
+    def predict(
+        self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, activation: bool = True
+    ) -> np.ndarray:
+        """Scores of ``(query, document)`` pairs: ``(n,)`` for one-label models, else ``(n, labels)``.
+
+        Like :meth:`CrossEncoder.predict`: ``activation`` applies the model's activation (sigmoid when it was
+        exported with one); ``False`` returns raw logits.
+        """
         pairs = list(pairs)
         if not pairs:
             return np.zeros((0,), dtype=np.float32)
@@ -246,4 +256,6 @@ class OnnxCrossEncoder:
                 feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
             scores.append(np.asarray(self.session.run(None, feeds)[0], dtype=np.float32))
         out = np.concatenate(scores)
+        if activation and self.activation == "sigmoid":
+            out = (1.0 / (1.0 + np.exp(-out))).astype(np.float32)
         return out[:, 0] if out.ndim == 2 and out.shape[1] == 1 else out

@@ -15,6 +15,8 @@ VERB_MODULES = [
     "embforge.cli.train",
     "embforge.cli.evaluate",
     "embforge.cli.encode",
+    "embforge.cli.export",
+    "embforge.cli.serve",
 ]
 
 

@@ -1,0 +1,43 @@
+"""``embforge export onnx``: an ONNX graph (+ tokenizer, + optional int8) checked against PyTorch."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embforge.cli.common import add_model_arg
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = verbs.add_parser("export", help="export a model (ONNX)", description=__doc__)
+    formats = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    onnx = formats.add_parser("onnx", help="ONNX graph with pooling/normalisation inside; parity-checked")
+    add_model_arg(onnx)
+    onnx.add_argument("--output", required=True, help="folder to write")
+    onnx.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic int8 graph")
+    onnx.add_argument(
+        "--dim", type=int, default=None, help="bi-encoders: keep this many dimensions (Matryoshka)"
+    )
+    onnx.add_argument("--min-cosine", type=float, default=0.9999, help="parity threshold (fp32 vs PyTorch)")
+    onnx.add_argument(
+        "--parity-data", default=None, help="a .txt file (one sentence per line) for the parity check"
+    )
+    onnx.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.export import export_onnx
+
+    texts = None
+    if args.parity_data:
+        from embforge.cli.encode import read_texts
+
+        texts = read_texts(args.parity_data, None)
+    return export_onnx(
+        args.model,
+        args.output,
+        quantize=args.quantize,
+        dim=args.dim,
+        parity_texts=texts,
+        min_cosine=args.min_cosine,
+    )

@@ -1,0 +1,79 @@
+"""``embforge serve``: the embedding / rerank / search server (FastAPI + uvicorn, loopback by default)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embforge.cli.common import add_model_arg
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = verbs.add_parser(
+        "serve", help="serve embeddings, rerank and search over HTTP", description=__doc__
+    )
+    add_model_arg(parser)
+    parser.add_argument(
+        "--reranker", default=None, help="cross-encoder folder (or its ONNX export) for /rerank"
+    )
+    parser.add_argument(
+        "--index", default=None, help="folder of the searchable documents (created if missing)"
+    )
+    parser.add_argument(
+        "--index-kind",
+        default="exact",
+        help="index backend for a new --index folder: exact, flat, hnsw, ivf, ivfpq (FAISS) or qdrant",
+    )
+    parser.add_argument(
+        "--backend", choices=("torch", "onnx"), default="torch", help="onnx: --model is an export"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env EMBFORGE_API_KEY)"
+    )
+    parser.add_argument("--model-name", default=None, help="name reported in responses (default: --model)")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=64, help="most texts merged into one model call"
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=5.0, help="wait for more requests to join a batch"
+    )
+    parser.add_argument("--max-inputs", type=int, default=256, help="most texts per request (413 beyond)")
+    parser.add_argument("--max-chars", type=int, default=8192, help="most characters per text (413 beyond)")
+    parser.add_argument("--truncate", action="store_true", help="cut texts over --max-chars instead of 413")
+    parser.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds a request may wait for the model"
+    )
+    parser.add_argument("--log-level", default="info")
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.serve.config import ServeConfig
+    from embforge.serve.runner import serve
+
+    config = ServeConfig(
+        model_name=args.model_name or str(args.model),
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        max_inputs=args.max_inputs,
+        max_chars=args.max_chars,
+        truncate=args.truncate,
+        max_body_bytes=args.max_body_bytes,
+        api_key=args.api_key,
+        request_timeout_s=args.timeout,
+    )
+    serve(
+        args.model,
+        reranker=args.reranker,
+        index=args.index,
+        index_kind=args.index_kind,
+        backend=args.backend,
+        host=args.host,
+        port=args.port,
+        config=config,
+        log_level=args.log_level,
+    )
+    return {"stopped": True, "host": args.host, "port": args.port}

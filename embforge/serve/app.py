@@ -1,0 +1,334 @@
+"""``create_app(...)``: the FastAPI app of the embedding server (OpenAI-compatible embeddings, rerank, search).
+
+Endpoints: ``POST /v1/embeddings``, ``POST /rerank``, ``POST /similarity``, ``POST /search``,
+``POST /index/documents``, ``GET /health``, ``GET /metrics``. Model calls go through :class:`MicroBatcher` so
+concurrent requests share batches. Errors are JSON ``{"error": {"message", "type", "param"}}`` with a 4xx status
+naming the offending field; the server keeps serving after any of them.
+
+Example:
+    >>> from embforge.encoder import Encoder
+    >>> app = create_app(Encoder.load("all-MiniLM-L6-v2"))  # doctest: +SKIP
+    >>> # uvicorn.run(app, host="127.0.0.1", port=8080)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import numpy as np
+
+from embforge._optional import require
+from embforge.serve.batcher import MicroBatcher
+from embforge.serve.config import ServeConfig
+from embforge.serve.metrics import Metrics
+from embforge.serve.middleware import ApiError, Gatekeeper, error_body, validation_message
+from embforge.serve.store import DocumentStore
+
+require("fastapi")
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.responses import JSONResponse, PlainTextResponse  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
+
+
+class EmbeddingRequest(BaseModel):
+    input: str | list[str]
+    model: str | None = None
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None
+    prompt_name: str | None = None
+
+
+class RerankRequest(BaseModel):
+    query: str
+    documents: list[str | dict[str, Any]] | None = None
+    texts: list[str] | None = None
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+    model: str | None = None
+
+
+class SimilarityRequest(BaseModel):
+    pairs: list[tuple[str, str]]
+    model: str | None = None
+
+
+class SearchRequest(BaseModel):
+    query: str | list[str]
+    top_k: int | None = Field(default=None, ge=1, le=1000)
+    return_text: bool = True
+
+
+class Document(BaseModel):
+    id: str = Field(min_length=1)
+    text: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class AddDocumentsRequest(BaseModel):
+    documents: list[Document]
+
+
+def _embed_fn(model: Any) -> Any:
+    """``texts -> (vectors, token counts)`` for a torch :class:`Encoder` or an :class:`OnnxEncoder`."""
+    if hasattr(model, "embed_token_ids"):
+
+        def run_onnx(texts: list[str]) -> tuple[np.ndarray, list[int]]:
+            ids = model.tokenize_ids(texts)
+            return model.embed_token_ids(ids, batch_size=len(ids)), [len(x) for x in ids]
+
+        return run_onnx
+    import torch
+
+    model.eval()
+
+    def run_torch(texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        ids = model.tokenize_ids(texts)
+        with torch.inference_mode():
+            vectors = model.embed_ids(ids, max_tokens=1 << 16).float().cpu().numpy()
+        return vectors, [len(x) for x in ids]
+
+    return run_torch
+
+
+def _l2(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def create_app(
+    model: Any,
+    *,
+    reranker: Any | None = None,
+    store: DocumentStore | None = None,
+    config: ServeConfig | None = None,
+) -> Any:
+    """Build the server app.
+
+    Args:
+        model: An :class:`~embforge.encoder.Encoder` (torch) or :class:`~embforge.onnx_backend.OnnxEncoder`.
+        reranker: Optional :class:`~embforge.cross_encoder.CrossEncoder` or
+            :class:`~embforge.onnx_backend.OnnxCrossEncoder` for ``/rerank``.
+        store: Optional :class:`DocumentStore` for ``/search`` and ``/index/documents`` (saved at shutdown).
+        config: Limits, batching, auth (default :class:`ServeConfig`).
+
+    Returns:
+        A FastAPI app; its lifespan starts the batching workers and, at shutdown, finishes queued requests and
+        saves the store.
+    """
+    cfg = config or ServeConfig()
+    metrics = Metrics()
+    dim = int(model.dim)
+    embedder = MicroBatcher(
+        _embed_fn(model),
+        max_batch_size=cfg.max_batch_size,
+        max_wait_ms=cfg.max_wait_ms,
+        on_batch=lambda n: metrics.observe_batch("embedding", n),
+    )
+    scorer = None
+    if reranker is not None:
+        scorer = MicroBatcher(
+            lambda pairs: np.asarray(reranker.predict(pairs, batch_size=len(pairs)), dtype=np.float32),
+            max_batch_size=cfg.max_batch_size,
+            max_wait_ms=cfg.max_wait_ms,
+            on_batch=lambda n: metrics.observe_batch("reranker", n),
+        )
+    prompts = dict(getattr(model, "prompts", {}) or {})
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        embedder.start()
+        if scorer is not None:
+            scorer.start()
+        try:
+            yield
+        finally:
+            await embedder.stop()
+            if scorer is not None:
+                await scorer.stop()
+            if store is not None:
+                await asyncio.to_thread(store.close)
+
+    app = FastAPI(title="embforge", lifespan=lifespan)
+    app.state.metrics = metrics
+    app.state.store = store
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(err.message, err.param, err.kind), status_code=err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(err.errors())
+        return JSONResponse(error_body(message, param), status_code=422)
+
+    def check_texts(texts: list[str], field: str) -> list[str]:
+        if not texts:
+            raise ApiError(422, f"'{field}' must not be empty", field)
+        if len(texts) > cfg.max_inputs:
+            raise ApiError(413, f"'{field}' has {len(texts)} items; the limit is {cfg.max_inputs}", field)
+        out = []
+        for i, text in enumerate(texts):
+            if not text:
+                raise ApiError(422, f"'{field}[{i}]' is an empty string", f"{field}[{i}]")
+            if len(text) > cfg.max_chars:
+                if not cfg.truncate:
+                    raise ApiError(
+                        413,
+                        f"'{field}[{i}]' has {len(text)} characters; the limit is {cfg.max_chars} "
+                        "(start the server with --truncate to cut long texts instead)",
+                        f"{field}[{i}]",
+                    )
+                text = text[: cfg.max_chars]
+            out.append(text)
+        return out
+
+    async def run(batcher: MicroBatcher, items: list[Any]) -> Any:
+        try:
+            return await asyncio.wait_for(batcher.submit(items), cfg.request_timeout_s)
+        except asyncio.TimeoutError as err:
+            raise ApiError(
+                503,
+                f"the model did not answer within {cfg.request_timeout_s} s; retry later",
+                None,
+                "timeout",
+            ) from err
+
+    async def embed(texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        return await run(embedder, texts)
+
+    def prefix(name: str | None, field: str = "prompt_name") -> str:
+        if name is None:
+            return ""
+        if name not in prompts:
+            known = ", ".join(sorted(prompts)) or "none"
+            raise ApiError(422, f"unknown prompt name {name!r}; this model has: {known}", field)
+        return prompts[name]
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        texts = check_texts([body.input] if isinstance(body.input, str) else body.input, "input")
+        if body.dimensions is not None and not 0 < body.dimensions <= dim:
+            raise ApiError(
+                422, f"'dimensions' must be between 1 and {dim}, got {body.dimensions}", "dimensions"
+            )
+        start = prefix(body.prompt_name)
+        vectors, tokens = await embed([start + t for t in texts] if start else texts)
+        if body.dimensions is not None and body.dimensions < dim:
+            vectors = vectors[:, : body.dimensions]
+            if getattr(model, "normalize", False):
+                vectors = _l2(vectors)
+        data = []
+        for i, vec in enumerate(np.asarray(vectors, dtype=np.float32)):
+            value: Any = (
+                base64.b64encode(vec.astype("<f4").tobytes()).decode()
+                if body.encoding_format == "base64"
+                else vec.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        used = int(sum(tokens))
+        return {
+            "object": "list",
+            "data": data,
+            "model": cfg.model_name,
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+
+    @app.post("/rerank")
+    async def rerank(body: RerankRequest) -> dict[str, Any]:
+        if scorer is None:
+            raise ApiError(
+                501, "no reranker is loaded; start the server with --reranker MODEL", "model", "not_available"
+            )
+        field = "documents" if body.documents is not None else "texts"
+        raw: list[Any] = body.documents if body.documents is not None else (body.texts or [])
+        docs = []
+        for i, doc in enumerate(raw):
+            text = doc.get("text") if isinstance(doc, dict) else doc
+            if not isinstance(text, str):
+                raise ApiError(
+                    422, f"'{field}[{i}]' must be a string or an object with a 'text' string", f"{field}[{i}]"
+                )
+            docs.append(text)
+        docs = check_texts(docs, field)
+        query = check_texts([body.query], "query")[0]
+        scores = await run(scorer, [(query, d) for d in docs])
+        scores = np.asarray(scores, dtype=np.float32).reshape(len(docs), -1)[:, -1]
+        order = np.argsort(-scores, kind="stable")[: body.top_n]
+        results = []
+        for i in order:
+            item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+            if body.return_documents:
+                item["document"] = {"text": docs[i]}
+            results.append(item)
+        return {"model": cfg.model_name, "results": results}
+
+    @app.post("/similarity")
+    async def similarity(body: SimilarityRequest) -> dict[str, Any]:
+        if not body.pairs:
+            raise ApiError(422, "'pairs' must not be empty", "pairs")
+        unique = list(dict.fromkeys(t for pair in body.pairs for t in pair))
+        check_texts(unique, "pairs")
+        vectors, _ = await embed(unique)
+        vectors = _l2(np.asarray(vectors, dtype=np.float32))
+        pos = {t: i for i, t in enumerate(unique)}
+        scores = [float(vectors[pos[a]] @ vectors[pos[b]]) for a, b in body.pairs]
+        return {"model": cfg.model_name, "scores": scores}
+
+    def need_store() -> DocumentStore:
+        if store is None:
+            raise ApiError(
+                501, "no index is loaded; start the server with --index DIR", None, "not_available"
+            )
+        return store
+
+    @app.post("/search")
+    async def search(body: SearchRequest) -> dict[str, Any]:
+        docs = need_store()
+        queries = check_texts([body.query] if isinstance(body.query, str) else body.query, "query")
+        start = prompts.get("query", "")
+        vectors, _ = await embed([start + q for q in queries])
+        k = body.top_k or cfg.default_top_k
+        hits = await asyncio.to_thread(docs.search, vectors, k, with_text=body.return_text)
+        return {"model": cfg.model_name, "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)]}
+
+    @app.post("/index/documents")
+    async def add_documents(body: AddDocumentsRequest) -> dict[str, Any]:
+        docs = need_store()
+        texts = check_texts([d.text for d in body.documents], "documents")
+        dup = docs.duplicates([d.id for d in body.documents])
+        if dup:
+            i = dup[0]
+            raise ApiError(
+                409,
+                f"'documents[{i}].id' {body.documents[i].id!r} is already in the index",
+                f"documents[{i}].id",
+            )
+        start = prompts.get("document") or prompts.get("passage") or ""
+        vectors, _ = await embed([start + t for t in texts])
+        items = [{"id": d.id, "text": t, "fields": d.fields} for d, t in zip(body.documents, texts)]
+        await asyncio.to_thread(docs.add, items, vectors)
+        return {"added": len(items), "total": len(docs)}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": cfg.model_name,
+            "dim": dim,
+            "backend": "onnx" if hasattr(model, "embed_token_ids") else "torch",
+            "reranker": reranker is not None,
+            "documents": len(store) if store is not None else None,
+        }
+
+    @app.get("/metrics")
+    async def metrics_text() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    known = {route.path for route in app.routes if hasattr(route, "path")}
+    app.add_middleware(Gatekeeper, config=cfg, metrics=metrics, known_paths=known)
+    return app

@@ -1,0 +1,41 @@
+"""Server settings as one dataclass (the CLI fills it; :func:`embforge.serve.app.create_app` takes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeConfig:
+    """Limits, batching and security settings of the server.
+
+    Attributes:
+        model_name: Name reported in responses (``model`` field) and accepted in requests.
+        max_batch_size: Most texts (or pairs) merged into one model call.
+        max_wait_ms: How long the first queued request waits for others to join its batch.
+        max_inputs: Most texts (documents, pairs) in one request; more gets 413.
+        max_chars: Most characters in one text; longer gets 413 unless ``truncate`` is set.
+        truncate: Cut texts longer than ``max_chars`` instead of rejecting them.
+        max_body_bytes: Largest request body; larger gets 413 before it is parsed.
+        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        request_timeout_s: A request waiting longer than this for the model gets 503.
+        default_top_k: ``top_k`` of ``/search`` when the request does not say.
+    """
+
+    model_name: str = "embforge"
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    max_inputs: int = 256
+    max_chars: int = 8192
+    truncate: bool = False
+    max_body_bytes: int = 2 * 1024 * 1024
+    api_key: str | None = None
+    request_timeout_s: float = 30.0
+    default_top_k: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_inputs", "max_chars", "max_body_bytes", "default_top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServeConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0 or self.request_timeout_s <= 0:
+            raise ValueError("ServeConfig.max_wait_ms must be >= 0 and request_timeout_s > 0")

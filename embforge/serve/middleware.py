@@ -1,0 +1,161 @@
+"""The request gate (auth, body size, metrics) and the JSON error format of the server.
+
+:class:`Gatekeeper` is plain ASGI (no per-request task overhead): it checks the bearer token, reads the body up to
+``max_body_bytes`` (413 beyond), and records count, status and latency of every request for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from embforge.serve.config import ServeConfig
+from embforge.serve.metrics import Metrics
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+OPEN_PATHS = ("/health",)
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {...}}`` with ``status``; ``param`` names the request field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict[str, Any]:
+    """The OpenAI-style error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "tuple", "none", "literal"}
+
+
+def _is_type_tag(part: str) -> bool:
+    """pydantic puts the member type of a union in the error location (``input.list[str].0``); drop it."""
+    return part in _TYPE_TAGS or ("[" in part and not part.isdigit()) or part.startswith("function-")
+
+
+def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
+    """One readable message (every problem, with its field) and the first field, from pydantic's errors."""
+    parts = []
+    first: str | None = None
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not _is_type_tag(str(p))]
+        field = ""
+        for p in loc:
+            field += f"[{p}]" if p.isdigit() else (f".{p}" if field else p)
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx") or {}
+            parts.append(f"the body is not valid JSON ({ctx.get('error', 'parse error')})")
+            continue
+        first = first if first is not None else (field or None)
+        parts.append(f"'{field or 'body'}': {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request", first
+
+
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class Gatekeeper:
+    """ASGI middleware: bearer auth, body-size limit, request metrics."""
+
+    def __init__(self, app: Any, *, config: ServeConfig, metrics: Metrics, known_paths: set[str]) -> None:
+        self.app = app
+        self.config = config
+        self.metrics = metrics
+        self.known_paths = known_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = [500]
+
+        async def send_and_record(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        path = scope["path"] if scope["path"] in self.known_paths else "other"
+        try:
+            await self._handle(scope, receive, send_and_record)
+        finally:
+            self.metrics.observe_request(path, scope["method"], status[0], time.perf_counter() - started)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers") or [])
+        key = self.config.api_key
+        if key and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            token = given[7:] if given[:7].lower() == "bearer " else ""
+            if not token or not hmac.compare_digest(token.encode(), key.encode()):
+                reason = "missing" if not given else "wrong"
+                await _send_json(
+                    send,
+                    401,
+                    error_body(
+                        f"{reason} API key: send the header 'Authorization: Bearer <key>'",
+                        "authorization",
+                        "authentication_error",
+                    ),
+                    [(b"www-authenticate", b"Bearer")],
+                )
+                return
+        limit = self.config.max_body_bytes
+        declared = headers.get(b"content-length")
+        too_big = error_body(f"the request body is larger than the limit of {limit} bytes", "body")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_json(send, 413, too_big)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = scope["method"] in ("POST", "PUT", "PATCH")
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _send_json(send, 413, too_big)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

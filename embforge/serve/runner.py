@@ -1,0 +1,76 @@
+"""Load the models named on the command line and run the app under uvicorn (loopback by default)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from embforge._optional import require
+from embforge.serve.config import ServeConfig
+
+API_KEY_ENV = "EMBFORGE_API_KEY"
+
+
+def load_encoder(model: str, *, backend: str = "torch", threads: int | None = None) -> Any:
+    """A torch :class:`Encoder`, or an :class:`OnnxEncoder` for an export folder / ``.onnx`` file."""
+    if backend == "onnx":
+        from embforge.onnx_backend import OnnxEncoder
+
+        return OnnxEncoder.load(model, threads=threads)
+    if backend != "torch":
+        raise ValueError(f"--backend must be 'torch' or 'onnx', got {backend!r}")
+    from embforge.encoder import Encoder
+
+    return Encoder.load(model)
+
+
+def load_reranker(model: str, *, threads: int | None = None) -> Any:
+    """A :class:`CrossEncoder`, or an :class:`OnnxCrossEncoder` when ``model`` is an ONNX export."""
+    path = Path(model)
+    if path.suffix == ".onnx" or (path / "embforge_onnx.json").is_file():
+        from embforge.onnx_backend import OnnxCrossEncoder
+
+        return OnnxCrossEncoder.load(path, threads=threads)
+    from embforge.cross_encoder import CrossEncoder
+
+    return CrossEncoder.load(model)
+
+
+def serve(
+    model: str,
+    *,
+    reranker: str | None = None,
+    index: str | None = None,
+    index_kind: str = "exact",
+    backend: str = "torch",
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    config: ServeConfig | None = None,
+    graceful_timeout_s: float = 30.0,
+    log_level: str = "info",
+) -> None:
+    """Load the models, build the app and serve it until SIGINT/SIGTERM.
+
+    On shutdown uvicorn stops accepting connections, waits up to ``graceful_timeout_s`` for in-flight requests,
+    then the app's lifespan drains the batch queues and saves the index.
+    """
+    uvicorn = require("uvicorn")
+    from embforge.serve.app import create_app
+    from embforge.serve.store import DocumentStore
+
+    cfg = config or ServeConfig()
+    if cfg.api_key is None and os.environ.get(API_KEY_ENV):
+        cfg.api_key = os.environ[API_KEY_ENV]
+    encoder = load_encoder(model, backend=backend)
+    scorer = load_reranker(reranker) if reranker else None
+    store = DocumentStore.open(index, dim=int(encoder.dim), index=index_kind) if index else None
+    app = create_app(encoder, reranker=scorer, store=store, config=cfg)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(graceful_timeout_s),
+        limit_concurrency=None,
+    )
