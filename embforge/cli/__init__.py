@@ -15,6 +15,7 @@ VERB_MODULES = [
     "embforge.cli.train",
     "embforge.cli.evaluate",
     "embforge.cli.encode",
+    "embforge.cli.eval_tasks",
     "embforge.cli.export",
     "embforge.cli.serve",
 ]

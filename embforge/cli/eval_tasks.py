@@ -1,0 +1,128 @@
+"""``embforge eval classification`` / ``clustering`` / ``matryoshka``: task evaluations printing a JSON line last."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from embforge.cli.common import add_data_args, add_model_arg, int_list
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = evals.add_parser(
+        "classification",
+        help="logistic regression on frozen embeddings: accuracy and macro-F1 (0-100)",
+        description="Fit logistic regression on the embeddings of --train (text,label), score it on --test.",
+    )
+    add_model_arg(parser)
+    add_data_args(parser, flag="--train")
+    parser.add_argument("--test", required=True, help="CSV/TSV/JSONL/Parquet file with text,label")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.set_defaults(func=run_classification)
+
+    parser = evals.add_parser(
+        "clustering",
+        help="k-means on embeddings (k = number of labels): V-measure (0-100)",
+        description="Cluster the embeddings of --data (text,label) with k-means and report V-measure.",
+    )
+    add_model_arg(parser)
+    add_data_args(parser)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seeds", type=int, default=3, help="k-means runs averaged (default 3)")
+    parser.set_defaults(func=run_clustering)
+
+    parser = evals.add_parser(
+        "matryoshka",
+        help="an STS, classification or clustering evaluation at several truncated dimensions (+ PNG plot)",
+        description="Evaluate at several embedding sizes; prints a table, saves a plot, JSON line last.",
+    )
+    add_model_arg(parser)
+    parser.add_argument("--task", choices=["sts", "classification", "clustering"], default="sts")
+    add_data_args(parser)
+    parser.add_argument("--train", help="classification: file the classifier is fitted on (--data is scored)")
+    parser.add_argument(
+        "--dims", type=int_list, default=[64, 128, 256], help="e.g. 64,128,256 (full size added)"
+    )
+    parser.add_argument(
+        "--plot", default=None, help="PNG path (default: matryoshka-<task>.png beside --data)"
+    )
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.set_defaults(func=run_matryoshka)
+
+
+def _load(path: str, columns: str | None, *, label_names: list[str] | None = None) -> Any:
+    from embforge.data import read_table
+
+    return read_table(path, columns=columns, label_names=label_names)
+
+
+def _shared_label_names(*paths: str, columns: str | None) -> list[str] | None:
+    """String labels of several files indexed in one sorted order (so train and test ids agree)."""
+    from embforge.data import read_table
+
+    names: set[str] = set()
+    for path in paths:
+        data = read_table(path, columns=columns)
+        if data.label_names is None:
+            return None
+        names |= set(data.label_names)
+    return sorted(names)
+
+
+def run_classification(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.encoder import Encoder
+    from embforge.evaluate.classification import evaluate_classification
+
+    names = _shared_label_names(args.train, args.test, columns=args.columns)
+    train = _load(args.train, args.columns, label_names=names)
+    test = _load(args.test, args.columns, label_names=names)
+    return evaluate_classification(Encoder.load(args.model), train, test, batch_size=args.batch_size)
+
+
+def run_clustering(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.encoder import Encoder
+    from embforge.evaluate.clustering import evaluate_clustering
+
+    data = _load(args.data, args.columns)
+    return evaluate_clustering(Encoder.load(args.model), data, batch_size=args.batch_size, seeds=args.seeds)
+
+
+def run_matryoshka(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.encoder import Encoder
+    from embforge.evaluate.matryoshka import evaluate_matryoshka, format_table, plot_matryoshka
+
+    model = Encoder.load(args.model)
+    if args.task == "sts":
+        from embforge.evaluate.sts import evaluate_sts
+
+        data = _load(args.data, args.columns)
+        metric, evaluator = "spearman", lambda m: evaluate_sts(m, data, batch_size=args.batch_size)
+    elif args.task == "classification":
+        from embforge.evaluate.classification import evaluate_classification
+
+        if not args.train:
+            raise ValueError("--task classification needs --train FILE (the classifier's training data)")
+        names = _shared_label_names(args.train, args.data, columns=args.columns)
+        train, test = (
+            _load(args.train, args.columns, label_names=names),
+            _load(args.data, args.columns, label_names=names),
+        )
+        metric = "accuracy"
+        evaluator = lambda m: evaluate_classification(m, train, test, batch_size=args.batch_size)  # noqa: E731
+    else:
+        from embforge.evaluate.clustering import evaluate_clustering
+
+        data = _load(args.data, args.columns)
+        metric, evaluator = "v_measure", lambda m: evaluate_clustering(m, data, batch_size=args.batch_size)
+    result = evaluate_matryoshka(model, evaluator, args.dims, metric=metric)
+    label = Path(str(args.model)).name
+    print(format_table({label: result}))
+    plot = Path(args.plot) if args.plot else Path(args.data).with_name(f"matryoshka-{args.task}.png")
+    plot_matryoshka({label: result}, plot, title=f"{label}: {args.task} ({Path(args.data).name})")
+    return {
+        "metric": metric,
+        "scores": {str(d): v for d, v in result["scores"].items()},
+        "retained": {str(d): v for d, v in result["retained"].items()},
+        "plot": str(plot),
+    }
