@@ -18,6 +18,7 @@ VERB_MODULES = [
     "embforge.cli.eval_tasks",
     "embforge.cli.export",
     "embforge.cli.serve",
+    "embforge.cli.retrieval",
 ]
 
 

@@ -56,7 +56,9 @@ class FaissIndex(VectorIndex):
         unknown = set(options) - set(DEFAULTS[kind])
         if unknown:
             known = ", ".join(DEFAULTS[kind]) or "none"
-            raise ValueError(f"FAISS {kind} index: unknown option(s) {', '.join(sorted(unknown))}; known: {known}")
+            raise ValueError(
+                f"FAISS {kind} index: unknown option(s) {', '.join(sorted(unknown))}; known: {known}"
+            )
         self.dim = int(dim)
         self.kind = kind
         self.options = {**DEFAULTS[kind], **options}
@@ -139,7 +141,9 @@ class FaissIndex(VectorIndex):
         index.ids = (folder / "ids.txt").read_text(encoding="utf-8").splitlines()
         index._positions = {i: n for n, i in enumerate(index.ids)}
         if index.index.ntotal != len(index.ids):
-            raise ValueError(f"{folder}: index.faiss holds {index.index.ntotal} vectors but ids.txt {len(index.ids)}")
+            raise ValueError(
+                f"{folder}: index.faiss holds {index.index.ntotal} vectors but ids.txt {len(index.ids)}"
+            )
         index.set_search_options()
         return index
 

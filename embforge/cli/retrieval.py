@@ -1,0 +1,211 @@
+"""``embforge eval retrieval``, ``embforge mine`` and ``embforge index build|search``.
+
+``--data`` is a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or the SciFact folder
+(``corpus_train.csv``...; splits ``train``, ``dev``, ``all`` — see :mod:`embforge.datasets.scifact`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from embforge.cli.common import add_model_arg, parse_options
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    ev = evals.add_parser("retrieval", help="NDCG/MRR/MAP/Recall/Precision@k (0-100) on a BEIR folder")
+    add_model_arg(ev)
+    _add_data(ev, default_split="test")
+    ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
+    ev.add_argument("--index", default="exact", help="exact, flat, hnsw, ivf or ivfpq (default exact)")
+    ev.add_argument("--corpus-cache", default=None, help="folder for resumable corpus embeddings")
+    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--max-seq-length", type=int, default=None)
+    ev.set_defaults(func=run_eval)
+
+    mine = verbs.add_parser("mine", help="mine hard negatives to JSONL (anchor, positive, negative_1..n)")
+    add_model_arg(mine)
+    _add_data(mine, default_split="train")
+    mine.add_argument("--pairs", default=None, help="an anchor,positive file instead of --data (pairs mode)")
+    mine.add_argument(
+        "--corpus", default=None, help="pairs mode: extra documents (a file with a 'text' column)"
+    )
+    mine.add_argument("--output", required=True, help="JSONL file to write")
+    mine.add_argument("--method", default="dense", help="dense, bm25 or hybrid (default dense)")
+    mine.add_argument("--num-negatives", type=int, default=3)
+    mine.add_argument("--depth", type=int, default=None, help="candidates per query (default: like ST)")
+    mine.add_argument("--skip-top", type=int, default=0, help="skip the first r surviving candidates")
+    mine.add_argument("--relative-margin", type=float, default=None, help="drop scores > (1-m) x positive")
+    mine.add_argument("--absolute-margin", type=float, default=None, help="drop scores > positive - a")
+    mine.add_argument("--max-score", type=float, default=None)
+    mine.add_argument(
+        "--hard-ratio", type=float, default=1.0, help="fraction of hard negatives (rest random)"
+    )
+    mine.add_argument("--sampling", default="top", help="top or random (among the surviving candidates)")
+    mine.add_argument("--index", default="exact", help="dense search: exact, flat, hnsw, ivf, ivfpq")
+    mine.add_argument("--batch-size", type=int, default=32)
+    mine.add_argument("--seed", type=int, default=0)
+    mine.set_defaults(func=run_mine)
+
+    index = verbs.add_parser("index", help="build or search a vector index of a corpus")
+    sub = index.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = sub.add_parser("build", help="encode a corpus (resumable) and build an index folder")
+    add_model_arg(build)
+    build.add_argument("--data", required=True, help="BEIR or SciFact folder, or a corpus file with _id,text")
+    build.add_argument(
+        "--columns", default=None, help="corpus file column mapping, e.g. 'doc_id=_id,body=text'"
+    )
+    build.add_argument("--output", required=True, help="index folder to write")
+    build.add_argument("--kind", default="hnsw", help="exact, flat, hnsw, ivf or ivfpq (default hnsw)")
+    build.add_argument("--option", action="append", metavar="NAME=VALUE", help="index option, e.g. m=32")
+    build.add_argument("--batch-size", type=int, default=64)
+    build.set_defaults(func=run_index_build)
+    search = sub.add_parser("search", help="top-k documents of query texts")
+    add_model_arg(search)
+    search.add_argument("--index", required=True, help="index folder written by 'index build'")
+    search.add_argument("--query", action="append", required=True, help="query text (repeatable)")
+    search.add_argument("-k", type=int, default=10)
+    search.set_defaults(func=run_index_search)
+
+
+def _add_data(parser: argparse.ArgumentParser, *, default_split: str) -> None:
+    parser.add_argument("--data", default=None, help="BEIR folder or the SciFact folder")
+    parser.add_argument("--split", default=default_split, help=f"qrels split (default {default_split})")
+
+
+def load_data(folder: str | None, split: str) -> Any:
+    """A BEIR or SciFact folder as :class:`~embforge.retrieval.data.RetrievalData`."""
+    if folder is None:
+        raise ValueError("--data FOLDER is required (a BEIR folder or the SciFact folder)")
+    root = Path(folder)
+    if (root / "corpus_train.csv").exists():
+        from embforge.datasets.scifact import load_scifact
+
+        return load_scifact(split, root=root)
+    from embforge.retrieval.data import load_beir
+
+    return load_beir(root, split=split)
+
+
+def run_eval(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.encoder import Encoder
+    from embforge.evaluate.retrieval import RETRIEVAL_METRICS, evaluate_retrieval
+
+    data = load_data(args.data, args.split)
+    metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
+    model = Encoder.load(args.model, max_seq_length=args.max_seq_length)
+    return evaluate_retrieval(
+        model,
+        data,
+        metrics=metrics,
+        batch_size=args.batch_size,
+        index=args.index,
+        corpus_cache=args.corpus_cache,
+        show_progress=True,
+    )
+
+
+def run_mine(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.data import read_table
+    from embforge.mining import MiningConfig, mine, write_jsonl
+
+    config = MiningConfig(
+        method=args.method,
+        num_negatives=args.num_negatives,
+        depth=args.depth,
+        skip_top=args.skip_top,
+        relative_margin=args.relative_margin,
+        absolute_margin=args.absolute_margin,
+        max_score=args.max_score,
+        hard_ratio=args.hard_ratio,
+        sampling=args.sampling,
+        index=args.index,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    corpus = None
+    if args.pairs:
+        data: Any = read_table(args.pairs)
+        if args.corpus:
+            corpus = read_table(args.corpus).columns.get("text")
+            if corpus is None:
+                raise ValueError(f"{args.corpus}: the corpus file needs a 'text' column")
+    else:
+        data = load_data(args.data, args.split)
+    model = None
+    if config.method != "bm25":
+        from embforge.encoder import Encoder
+
+        model = Encoder.load(args.model)
+    rows = mine(model, data, config, corpus=corpus)
+    path = write_jsonl(rows, args.output)
+    return {"output": str(path), **config.stats}
+
+
+def _corpus(folder: str, columns: str | None) -> tuple[list[str], list[str]]:
+    root = Path(folder)
+    if root.is_dir():
+        data = load_data(folder, "all" if (root / "corpus_train.csv").exists() else _any_split(root))
+        return data.doc_ids, data.documents
+    from embforge.data import parse_columns
+    from embforge.retrieval.data import _read_texts
+
+    ids, titles, texts = _read_texts(root, parse_columns(columns), with_title=True, kind="corpus")
+    if not ids:
+        raise ValueError(f"{root}:1: the corpus is empty")
+    return ids, [f"{t} {x}".strip() for t, x in zip(titles, texts)]
+
+
+def _any_split(root: Path) -> str:
+    splits = sorted(p.stem for p in (root / "qrels").glob("*.tsv"))
+    if not splits:
+        raise FileNotFoundError(f"{root / 'qrels'} has no <split>.tsv file")
+    return splits[0]
+
+
+def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
+    import time
+
+    from embforge.encoder import Encoder
+    from embforge.index.factory import create_index
+    from embforge.retrieval.encode import encode_corpus, model_fingerprint
+
+    ids, texts = _corpus(args.data, args.columns)
+    model = Encoder.load(args.model, normalize=True)
+    out = Path(args.output)
+    started = time.perf_counter()
+    emb = encode_corpus(
+        model,
+        texts,
+        ids,
+        out.with_name(out.name + ".embeddings"),
+        batch_size=args.batch_size,
+        model_tag=model_fingerprint(model),
+    )
+    encoded = time.perf_counter() - started
+    index = create_index(args.kind, model.dim, **parse_options(args.option))
+    index.add(ids, emb)
+    index.save(out)
+    return {
+        "index": str(out),
+        "kind": args.kind,
+        "documents": len(ids),
+        "encode_seconds": encoded,
+        "build_seconds": time.perf_counter() - started - encoded,
+    }
+
+
+def run_index_search(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.encoder import Encoder
+    from embforge.index.factory import load_index
+
+    index = load_index(args.index)
+    model = Encoder.load(args.model, normalize=True)
+    scores, ids = index.search(model.encode(args.query), args.k)
+    return {
+        "results": [
+            {"query": q, "hits": [{"id": i, "score": float(s)} for i, s in zip(row_ids, row)]}
+            for q, row_ids, row in zip(args.query, ids, scores)
+        ]
+    }

@@ -1,0 +1,122 @@
+"""Retrieval evaluation: embed corpus and queries, search, score the run against the qrels.
+
+Headline numbers are 0–100 (``ndcg@10``, ``mrr@10``, ``recall@100``, ...); the per-query maths is
+:mod:`embforge.ranking_metrics`, which equals ``pytrec_eval``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embforge.index.factory import create_index
+from embforge.ranking_metrics import evaluate_run, parse_metric, run_from_topk
+from embforge.retrieval.data import RetrievalData
+
+RETRIEVAL_METRICS: tuple[str, ...] = (
+    "ndcg@10",
+    "mrr@10",
+    "map@100",
+    "recall@10",
+    "recall@100",
+    "precision@10",
+)
+
+
+def search_run(
+    model: Any,
+    data: RetrievalData,
+    *,
+    depth: int = 100,
+    batch_size: int = 64,
+    index: str = "exact",
+    corpus_cache: str | Path | None = None,
+    show_progress: bool = False,
+) -> dict[str, dict[str, float]]:
+    """The run ``{qid: {docid: cosine}}`` of the top ``depth`` documents of each query.
+
+    Args:
+        model: an :class:`~embforge.encoder.Encoder`.
+        data: corpus, queries, qrels.
+        depth: documents kept per query.
+        batch_size: texts per forward pass.
+        index: ``exact`` (numpy) or a FAISS kind (``flat``, ``hnsw``, ``ivf``, ``ivfpq``).
+        corpus_cache: a folder to write corpus embeddings to (resumable, see
+            :func:`embforge.retrieval.encode.encode_corpus`); ``None`` keeps them in memory.
+        show_progress: progress bar while encoding the corpus.
+    """
+    documents = data.documents
+    if corpus_cache is not None:
+        from embforge.retrieval.encode import encode_corpus, model_fingerprint
+
+        doc_emb = np.asarray(
+            encode_corpus(
+                model,
+                documents,
+                data.doc_ids,
+                corpus_cache,
+                batch_size=batch_size,
+                model_tag=model_fingerprint(model),
+                show_progress=show_progress,
+            )
+        )
+    else:
+        doc_emb = model.encode(documents, batch_size=batch_size, show_progress=show_progress)
+    query_emb = model.encode(data.query_texts, batch_size=batch_size)
+    doc_emb = _normalise(doc_emb)
+    query_emb = _normalise(query_emb)
+    vector_index = create_index(index, doc_emb.shape[1])
+    vector_index.add(data.doc_ids, doc_emb)
+    scores, ids = vector_index.search(query_emb, depth)
+    return run_from_topk(data.query_ids, scores, ids)
+
+
+def evaluate_retrieval(
+    model: Any,
+    data: RetrievalData,
+    *,
+    metrics: Sequence[str] = RETRIEVAL_METRICS,
+    batch_size: int = 64,
+    index: str = "exact",
+    corpus_cache: str | Path | None = None,
+    show_progress: bool = False,
+) -> dict[str, float]:
+    """Metrics (0–100) of ``model`` on ``data``: cosine similarity, top-``max k`` documents per query.
+
+    Only queries with qrels are searched and averaged. Returns the metrics plus ``queries`` and ``documents``.
+    """
+    data = data.queries_with_qrels()
+    if not data.query_ids:
+        raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")
+    depth = max(k or 1000 for _, k in (parse_metric(m) for m in metrics))
+    run = search_run(
+        model,
+        data,
+        depth=depth,
+        batch_size=batch_size,
+        index=index,
+        corpus_cache=corpus_cache,
+        show_progress=show_progress,
+    )
+    result = {name: 100.0 * value for name, value in evaluate_run(run, data.qrels, metrics).items()}
+    result["queries"] = float(len(data.query_ids))
+    result["documents"] = float(len(data.doc_ids))
+    return result
+
+
+def retrieval_evaluator(data: RetrievalData, **options: Any) -> Callable[[Any], dict[str, float]]:
+    """An evaluator for the trainer (``model -> metrics``); use ``metric="ndcg@10"`` in the train config."""
+
+    def run(model: Any) -> dict[str, float]:
+        return evaluate_retrieval(model, data, **options)
+
+    return run
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)

@@ -1,0 +1,182 @@
+"""Hard-negative mining: filters, known positives, hard:random ratio, parity with sentence-transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embforge.data import Dataset
+from embforge.mining import MiningConfig, mine, mine_positions, write_jsonl
+from embforge.retrieval.data import RetrievalData
+
+pytest.importorskip("bm25s")
+
+DOCS = [
+    "a man plays the guitar in the park",
+    "a woman sings a song",
+    "the stock market rises",
+    "oil price falls",
+    "a child reads a book",
+    "a dog runs in the park",
+    "a red car drives on the road",
+    "the sun in the sky",
+    "rain on the river",
+    "a cat eats food",
+    "a man plays the guitar in the park",  # d10: an unlabelled exact duplicate of d0, the positive of q0
+    "a plane is taking off",
+]
+
+
+def _data(docs: list[str] = DOCS) -> RetrievalData:
+    ids = [f"d{i}" for i in range(len(docs))]
+    return RetrievalData(
+        ids,
+        list(docs),
+        ["q0", "q1"],
+        [DOCS[0], "money in the bank and the stock market"],  # q0 is its positive's text: cosine 1 for both
+        {"q0": {"d0": 1}, "q1": {"d2": 1, "d3": 0}},
+    )
+
+
+@pytest.mark.parametrize("method", ["dense", "bm25", "hybrid"])
+def test_relative_margin_drops_a_duplicate_of_the_positive(tiny_encoder, method):
+    data = _data()
+    plain = mine(tiny_encoder, data, MiningConfig(method=method, num_negatives=2, depth=11))
+    assert plain.columns["anchor"][0] == DOCS[0] and plain.columns["positive"][0] == DOCS[0]
+    # the duplicate scores exactly like the positive (the best possible score), so the unfiltered miner ranks it
+    # first among the non-positives and emits it
+    assert plain.columns["negative_1"][0] == DOCS[10]
+    config = MiningConfig(method=method, num_negatives=2, depth=11, relative_margin=0.05)
+    filtered = mine(tiny_encoder, data, config)
+    rows = [r for r in range(len(filtered)) if filtered.columns["anchor"][r] == DOCS[0]]
+    assert rows, config.stats
+    assert DOCS[10] not in {filtered.columns[f"negative_{j}"][r] for j in (1, 2) for r in rows}
+    assert config.stats["skipped_relative_margin"] >= 1
+
+
+def test_positions_core_skip_top_and_margins():
+    # 1 query, corpus scores are exactly the first coordinate: 0.9 (positive), 0.88, 0.7, 0.5, 0.3, 0.1
+    values = np.array([0.9, 0.88, 0.7, 0.5, 0.3, 0.1])
+    d = np.stack([values, np.sqrt(1 - values**2)], axis=1).astype(np.float32)
+    q = np.array([[1.0, 0.0]], np.float32)
+    corpus = [f"t{i}" for i in range(6)]
+
+    def negs(**kw):
+        config = MiningConfig(num_negatives=2, depth=5, **kw)
+        return mine_positions(["q"], [[0]], corpus, config, query_emb=q, doc_emb=d).negatives[0].tolist()
+
+    assert negs() == [1, 2]
+    assert negs(skip_top=1) == [2, 3]
+    assert negs(relative_margin=0.05) == [2, 3]  # 0.88 > 0.95 * 0.9 = 0.855
+    assert negs(absolute_margin=0.25) == [3, 4]  # keep scores <= 0.65
+    assert negs(max_score=0.6) == [3, 4]
+    assert negs(absolute_margin=0.25, skip_top=2) == [5, -1]  # not enough left: -1
+
+
+def test_hard_random_ratio_and_jsonl(tiny_encoder, tmp_path):
+    config = MiningConfig(num_negatives=4, hard_ratio=0.5, depth=6, seed=3)
+    rows = mine(tiny_encoder, _data(DOCS[:10]), config)  # no duplicate texts here
+    assert len(rows) == 2 and rows.text_columns[-1] == "negative_4"
+    for r in range(len(rows)):
+        negatives = [rows.columns[f"negative_{j}"][r] for j in range(1, 5)]
+        assert len(set(negatives)) == 4  # random ones never repeat a hard one
+    path = write_jsonl(rows, tmp_path / "mined.jsonl")
+    first = path.read_text().splitlines()[0]
+    assert first.startswith('{"anchor": ') and '"negative_4": ' in first
+
+
+def test_pairs_mode_groups_positives_of_the_same_anchor(tiny_encoder):
+    pairs = Dataset(
+        "pairs.csv",
+        {"anchor": ["cat food", "cat food", "the sky"], "positive": ["a cat eats food", DOCS[0], DOCS[7]]},
+        [2, 3, 4],
+    )
+    rows = mine(tiny_encoder, pairs, MiningConfig(num_negatives=3), corpus=DOCS)
+    for r in range(len(rows)):
+        negatives = {rows.columns[f"negative_{j}"][r] for j in (1, 2, 3)}
+        if rows.columns["anchor"][r] == "cat food":
+            assert not negatives & {"a cat eats food", DOCS[0]}
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="choose one of dense, bm25, hybrid"):
+        MiningConfig(method="splade")
+    with pytest.raises(ValueError, match="hard_ratio must be between 0 and 1"):
+        MiningConfig(hard_ratio=1.5)
+    with pytest.raises(ValueError, match="needs at least one known positive"):
+        mine_positions(["q"], [[]], ["a"], MiningConfig(), query_emb=np.ones((1, 2)), doc_emb=np.ones((1, 2)))
+
+
+words = st.sampled_from(
+    [
+        "cat",
+        "dog",
+        "man",
+        "woman",
+        "guitar",
+        "piano",
+        "park",
+        "road",
+        "river",
+        "sky",
+        "sun",
+        "rain",
+        "book",
+        "song",
+    ]
+)
+texts = st.lists(words, min_size=1, max_size=6).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    corpus=st.lists(texts, min_size=4, max_size=25),
+    queries=st.lists(texts, min_size=1, max_size=5),
+    seed=st.integers(0, 10_000),
+    method=st.sampled_from(["dense", "bm25", "hybrid"]),
+    hard_ratio=st.sampled_from([0.0, 0.5, 1.0]),
+    sampling=st.sampled_from(["top", "random"]),
+)
+def test_no_known_positive_is_ever_a_negative(corpus, queries, seed, method, hard_ratio, sampling):
+    rng = np.random.default_rng(seed)
+    positives = [
+        sorted(rng.choice(len(corpus), size=rng.integers(1, 4), replace=False).tolist()) for _ in queries
+    ]
+    q = rng.standard_normal((len(queries), 8)).astype(np.float32)
+    d = rng.standard_normal((len(corpus), 8)).astype(np.float32)
+    config = MiningConfig(method=method, num_negatives=3, hard_ratio=hard_ratio, sampling=sampling, seed=seed)
+    mined = mine_positions(queries, positives, corpus, config, query_emb=q, doc_emb=d)
+    for row, pos in zip(mined.negatives, positives):
+        chosen = [int(x) for x in row if x >= 0]
+        assert not set(chosen) & set(pos)
+        assert len(chosen) == len(set(chosen))
+        # with enough non-positive documents every slot is filled
+        if len(corpus) - len(pos) >= 3 + 8 and method != "bm25":
+            assert len(chosen) == 3
+
+
+def test_same_negatives_as_sentence_transformers(tiny_model_dir):
+    st_module = pytest.importorskip("sentence_transformers")
+    from datasets import Dataset as HFDataset
+
+    from embforge.encoder import Encoder
+
+    anchors = ["a man playing guitar", "oil and the stock market", "a child with a book", "rain and sun"]
+    positives = [DOCS[0], DOCS[2], DOCS[4], DOCS[8]]
+    settings_ = {"num_negatives": 3, "relative_margin": 0.05}
+    theirs = st_module.util.mine_hard_negatives(
+        HFDataset.from_dict({"anchor": anchors, "positive": positives}),
+        st_module.SentenceTransformer(str(tiny_model_dir), device="cpu"),
+        corpus=DOCS,
+        range_min=1,
+        output_format="n-tuple",
+        verbose=False,
+        **settings_,
+    )
+    pairs = Dataset("pairs", {"anchor": anchors, "positive": positives}, [1, 2, 3, 4])
+    ours = mine(Encoder.load(tiny_model_dir), pairs, MiningConfig(skip_top=1, **settings_), corpus=DOCS)
+    assert ours.columns["anchor"] == theirs["anchor"]
+    for j in (1, 2, 3):
+        assert ours.columns[f"negative_{j}"] == theirs[f"negative_{j}"]
