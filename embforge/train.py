@@ -138,6 +138,7 @@ def train(
     *,
     evaluator: Evaluator | None = None,
     on_step: Callable[[int], None] | None = None,
+    refresher: Callable[[int, Any], list[Task] | None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``model`` on ``tasks``; write checkpoints, metrics and the final model to ``config.output``.
 
@@ -148,6 +149,9 @@ def train(
         evaluator: ``model -> metrics``; run every ``config.eval_every`` steps and at the end. The best value
             of ``config.metric`` is kept in ``output/best``.
         on_step: Called with the step number after every optimiser step.
+        refresher: Called as ``refresher(step, model)`` after every optimiser step; when it returns tasks (the
+            same number, the same rows, new texts — e.g. refreshed hard negatives, see
+            :class:`embforge.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on.
 
     Returns:
         A summary: steps, seconds, training pairs/s, final and best metrics.
@@ -302,6 +306,14 @@ def train(
             )
         if on_step is not None:
             on_step(step)
+        fresh = refresher(step, model) if refresher is not None else None
+        if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
+            tasks, prepared = fresh, [model.prepare_task(task) for task in fresh]
+            sizes = [len(t.data) for t in tasks]
+            lengths = [p.lengths for p in prepared] if config.group_by_length else None
+            distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
+            plan = plan_for(progress["epoch"])
+            model.train()
     bar.close()
     seconds = time.perf_counter() - started
     model.save(out)

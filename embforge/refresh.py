@@ -1,0 +1,191 @@
+"""ANCE-style negative refresh during training: re-encode the corpus with the current weights, re-mine, swap tasks.
+
+:class:`NegativeRefresher` is given to :func:`embforge.train.train` as ``refresher``; the trainer calls it after
+every optimiser step with ``(step, model)`` and, when it returns a list of tasks, re-prepares them and continues
+with fresh batches. Every ``every`` steps the refresher snapshots the weights (a CPU copy of the model) and mines
+with that copy **in a background thread**, so training keeps going while the corpus is re-encoded; the new
+negatives are used from the first step after the job finishes. ``background=False`` mines in place (training
+stalls). Each refresh is logged to ``<output>/refresh.jsonl`` with the seconds training stalled for it (the
+snapshot copy, or the whole mining when not in the background) and the seconds the mining took.
+
+The hard-negative ratio follows a linear schedule over training: at step ``s`` of ``T`` a row gets a mined hard
+negative with probability ``start + (end − start)·s/T`` and a random corpus document otherwise (never a known
+positive, see :mod:`embforge.mining`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embforge.data import Dataset
+from embforge.mining import MiningConfig, mine_positions
+from embforge.mining_search import embed
+from embforge.retrieval.data import RetrievalData
+from embforge.tasks import Task
+
+
+@dataclass
+class RefreshConfig:
+    """When and how to refresh. ``every=0`` mines once at the start and never refreshes."""
+
+    every: int = 0
+    hard_ratio_start: float = 0.3
+    hard_ratio_end: float = 0.9
+    background: bool = True
+    mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=1, relative_margin=0.05))
+
+    def __post_init__(self) -> None:
+        for name in ("hard_ratio_start", "hard_ratio_end"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        if self.every < 0:
+            raise ValueError(f"refresh every must be >= 0 steps, got {self.every}")
+
+
+def hard_ratio_at(config: RefreshConfig, step: int, total_steps: int) -> float:
+    """The linear schedule's hard-negative ratio at ``step``."""
+    progress = min(1.0, step / max(1, total_steps))
+    return config.hard_ratio_start + (config.hard_ratio_end - config.hard_ratio_start) * progress
+
+
+class NegativeRefresher:
+    """Builds ``anchor, positive, negative_1..n`` tasks from retrieval data with the current model's negatives."""
+
+    def __init__(
+        self,
+        data: RetrievalData,
+        loss: Any,
+        config: RefreshConfig,
+        *,
+        total_steps: int,
+        log_dir: str | Path | None = None,
+        name: str = "mined",
+    ) -> None:
+        self.config = config
+        self.loss = loss
+        self.total_steps = total_steps
+        self.name = name
+        self.log_file = Path(log_dir) / "refresh.jsonl" if log_dir is not None else None
+        position = {d: i for i, d in enumerate(data.doc_ids)}
+        self.documents = data.documents
+        self.queries: list[str] = []
+        self.positives: list[list[int]] = []
+        for qid, text in zip(data.query_ids, data.query_texts):
+            pos = [position[d] for d, g in data.qrels.get(qid, {}).items() if g > 0]
+            if pos:
+                self.queries.append(text)
+                self.positives.append(pos)
+        if not self.queries:
+            raise ValueError(
+                f"negative refresh: no query of {data.name or 'the data'} has a relevant document"
+            )
+        self.history: list[dict[str, Any]] = []
+        self._thread: threading.Thread | None = None
+        self._result: list[Task] | None = None
+        self._error: BaseException | None = None
+        self._job: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ mining
+    def build_tasks(self, model: Any, step: int) -> list[Task]:
+        """Mine with ``model`` now and return the task (one row per relevant query-document pair)."""
+        mining = self.config.mining
+        ratio = hard_ratio_at(self.config, step, self.total_steps)
+        q = embed(model, self.queries, mining) if mining.method != "bm25" else None
+        d = embed(model, self.documents, mining) if mining.method != "bm25" else None
+        hard = mine_positions(self.queries, self.positives, self.documents, mining, query_emb=q, doc_emb=d)
+        seed = mining.seed + step
+        rand_config = replace(mining, hard_ratio=0.0, seed=seed, stats={})
+        rand = mine_positions(
+            self.queries, self.positives, self.documents, rand_config, query_emb=q, doc_emb=d
+        )
+        rng = np.random.default_rng(seed)
+        use_hard = (rng.random(len(self.queries)) < ratio) & (hard.negatives >= 0).all(axis=1)
+        negatives = np.where(use_hard[:, None], hard.negatives, rand.negatives)
+        for bad in np.flatnonzero((negatives < 0).any(axis=1)):  # rare (tiny corpora): any other non-positive
+            others = [i for i in range(len(self.documents)) if i not in self.positives[int(bad)]]
+            if not others:
+                raise ValueError(
+                    f"negative refresh: query {self.queries[int(bad)]!r} has no non-positive document"
+                )
+            negatives[bad] = [others[(seed + j) % len(others)] for j in range(negatives.shape[1])]
+        columns: dict[str, list] = {"anchor": [], "positive": []}
+        neg_cols: list[list[str]] = [[] for _ in range(negatives.shape[1])]
+        for qi, (text, pos) in enumerate(zip(self.queries, self.positives)):
+            for p in pos:  # the same rows at every refresh, so the trainer keeps its place in the epoch
+                columns["anchor"].append(text)
+                columns["positive"].append(self.documents[p])
+                for j, neg in enumerate(negatives[qi]):
+                    neg_cols[j].append(self.documents[neg])
+        columns.update({f"negative_{j + 1}": col for j, col in enumerate(neg_cols)})
+        self._job.update(hard_ratio=ratio, hard_rows=int(use_hard.sum()), rows=len(columns["anchor"]))
+        data = Dataset(f"{self.name}@{step}", columns, list(range(1, len(columns["anchor"]) + 1)))
+        return [Task(self.name, data, self.loss)]
+
+    # ------------------------------------------------------------------ trainer hook
+    def __call__(self, step: int, model: Any) -> list[Task] | None:
+        """Called after optimiser step ``step``; returns new tasks when a refresh has finished, else ``None``."""
+        if self._thread is not None and not self._thread.is_alive():
+            return self._collect(step)
+        if not self.config.every or step % self.config.every or step >= self.total_steps:
+            return None
+        if self._thread is not None:  # the previous refresh is still running: skip this one
+            self._log({"event": "refresh_skipped", "step": step, "reason": "previous refresh still running"})
+            return None
+        started = time.perf_counter()
+        self._job = {"started_step": step, "t0": started}
+        if not self.config.background:
+            tasks = self.build_tasks(model, step)
+            self._job["stall_seconds"] = time.perf_counter() - started
+            self._result = tasks
+            return self._collect(step)
+        snapshot = copy.deepcopy(model).to("cpu").eval()
+        self._job["stall_seconds"] = time.perf_counter() - started
+
+        def work() -> None:
+            try:
+                self._result = self.build_tasks(snapshot, step)
+            except BaseException as err:  # surfaced on the training thread by _collect
+                self._error = err
+
+        self._thread = threading.Thread(target=work, name="embforge-negative-refresh", daemon=True)
+        self._thread.start()
+        return None
+
+    def wait(self) -> None:
+        """Block until a running background refresh ends (tests, or before the process exits)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def _collect(self, step: int) -> list[Task] | None:
+        self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(
+                f"negative refresh started at step {self._job.get('started_step')} failed"
+            ) from error
+        tasks, self._result = self._result, None
+        record: dict[str, Any] = {
+            "event": "refresh",
+            "started_step": self._job.get("started_step"),
+            "applied_step": step,
+            "stall_seconds": round(self._job.get("stall_seconds", 0.0), 3),
+            "mining_seconds": round(time.perf_counter() - self._job["t0"], 3),
+            **{k: self._job[k] for k in ("hard_ratio", "hard_rows", "rows") if k in self._job},
+        }
+        self._log(record)
+        return tasks
+
+    def _log(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_file.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")

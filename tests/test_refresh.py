@@ -1,0 +1,70 @@
+"""ANCE-style negative refresh inside the training loop."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from embforge.losses import get_loss
+from embforge.mining import MiningConfig
+from embforge.refresh import NegativeRefresher, RefreshConfig, hard_ratio_at
+from embforge.retrieval.data import RetrievalData
+from embforge.train import TrainConfig, train
+
+WORDS = ["cat", "dog", "man", "woman", "guitar", "piano", "park", "road", "river", "sky", "sun", "rain"]
+
+
+def _data() -> RetrievalData:
+    docs = [" ".join(words) for words in itertools.islice(itertools.permutations(WORDS, 3), 0, 300, 10)][:30]
+    assert len(set(docs)) == 30
+    queries = [" ".join(docs[i].split()[:2]) + " " + WORDS[i] for i in range(12)]
+    return RetrievalData(
+        [f"d{i}" for i in range(30)],
+        docs,
+        [f"q{i}" for i in range(12)],
+        queries,
+        {f"q{i}": {f"d{i}": 1} for i in range(12)},
+    )
+
+
+def test_schedule_is_linear():
+    config = RefreshConfig(every=2, hard_ratio_start=0.3, hard_ratio_end=0.9)
+    assert [round(hard_ratio_at(config, s, 10), 3) for s in (0, 5, 10, 20)] == [0.3, 0.6, 0.9, 0.9]
+    with pytest.raises(ValueError, match="hard_ratio_end must be between 0 and 1"):
+        RefreshConfig(hard_ratio_end=2.0)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_training_swaps_in_refreshed_negatives(tiny_encoder, tmp_path, background):
+    data = _data()
+    loss = get_loss("infonce")
+    config = RefreshConfig(every=2, background=background, mining=MiningConfig(num_negatives=1, depth=10))
+    refresher = NegativeRefresher(data, loss, config, total_steps=6, log_dir=tmp_path)
+    tasks = refresher.build_tasks(tiny_encoder, 0)
+    assert len(tasks[0].data) == 12 and tasks[0].data.text_columns == ["anchor", "positive", "negative_1"]
+    seen_tasks = []
+
+    def hook(step, model):
+        if background and refresher._thread is not None:
+            refresher.wait()  # make the test deterministic: the job ends before the next step
+        fresh = refresher(step, model)
+        if fresh is not None:
+            seen_tasks.append(fresh)
+        return fresh
+
+    train_config = TrainConfig(
+        output=str(tmp_path / "out"), max_steps=6, batch_size=4, quiet=True, save_every=0
+    )
+    summary = train(tiny_encoder, tasks, train_config, refresher=hook)
+    assert summary["steps"] == 6
+    records = [json.loads(line) for line in (tmp_path / "refresh.jsonl").read_text().splitlines()]
+    assert [r["started_step"] for r in records] == [2, 4]
+    assert all(r["rows"] == 12 and r["stall_seconds"] >= 0 for r in records)
+    assert records[1]["hard_ratio"] > records[0]["hard_ratio"]
+    assert len(seen_tasks) == 2
+    # no refreshed negative is ever the row's own positive
+    for fresh in seen_tasks:
+        columns = fresh[0].data.columns
+        assert all(n != p for n, p in zip(columns["negative_1"], columns["positive"]))
