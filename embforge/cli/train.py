@@ -66,6 +66,16 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
 
     path = args.config_file or args.config_flag
     values: dict[str, Any] = load_toml(path) if path else {}
+    if path and "stages" in values:  # a multi-stage pipeline file (embforge/pipeline.py)
+        from embforge.pipeline import load_pipeline, run_pipeline
+
+        return run_pipeline(
+            load_pipeline(path),
+            output=args.output,
+            device=args.device,
+            quiet=args.quiet,
+            resume=bool(args.resume),
+        )
     for _, key, _, _ in _FLAGS:
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
