@@ -1,0 +1,82 @@
+"""Pair data set loaders on the real files, and bad pair files failing with file and line."""
+
+from __future__ import annotations
+
+import pytest
+
+from embforge.data import DataError, read_table
+from embforge.datasets._pairs import hash_split
+from embforge.datasets.mrpc import load_mrpc
+from embforge.datasets.senteval_cn import TASKS, load_senteval_cn
+from embforge.datasets.snli import load_snli, read_senteval_nli
+from embforge.datasets.stsb import load_stsb
+from embforge.datasets.wikiqa import load_wikiqa
+from embforge.evaluate.rerank import group_candidates
+from tests.conftest import requires_data
+
+
+@requires_data
+def test_english_loaders_match_the_documented_sizes():
+    assert [len(load_stsb(s)) for s in ("train", "dev", "test")] == [5749, 1500, 1379]
+    assert len(load_mrpc("train")) + len(load_mrpc("dev")) == len(load_mrpc("train_all")) == 4076
+    assert sum(load_mrpc("test").columns["label"]) == 1147
+    assert [len(load_wikiqa(s)) for s in ("train", "dev", "test")] == [20360, 2733, 6165]
+    assert len(group_candidates(load_wikiqa("test"))[0]) == 243
+    test = load_snli("test")
+    assert len(test) == 9824 and sum(test.columns["label"]) == 3368
+    assert len(load_snli("train")) + len(load_snli("dev")) == 9842
+
+
+@requires_data
+def test_senteval_cn_trains_on_valid_and_tests_on_test():
+    for task in TASKS:
+        train, dev, test = (load_senteval_cn(task, s) for s in ("train", "dev", "test"))
+        assert train.columns["sentence1"][0].strip() and test.label_column is not None
+        if task == "STS-B":
+            assert (len(train), len(test)) == (5231, 1361) and train.label_column == "score"
+        else:
+            assert len(train) + len(dev) == len(load_senteval_cn(task, "valid"))
+            assert set(test.columns["label"]) == {0, 1}
+    assert len(load_senteval_cn("PAWSX", "test")) == 2000
+
+
+def test_hash_split_is_deterministic_and_disjoint(tmp_path):
+    path = tmp_path / "p.tsv"
+    path.write_text("".join(f"question {i}\tanswer {i}\t{i % 2}\n" for i in range(200)))
+    data = read_table(path, columns="0=sentence1,1=sentence2,2=label")
+    train, dev = hash_split(data)
+    again_train, _ = hash_split(data.subset(list(range(199, -1, -1))))
+    assert len(train) + len(dev) == 200 and 5 < len(dev) < 40
+    assert not set(train.columns["sentence1"]) & set(dev.columns["sentence1"])
+    assert set(again_train.columns["sentence1"]) == set(train.columns["sentence1"])
+
+
+def test_missing_second_text_fails_with_file_and_line(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("a cat\ta dog\t1\nthe sun\t\t0\n")
+    with pytest.raises(DataError, match=r"pairs\.tsv:2: column 'sentence2': empty text"):
+        read_table(path, columns="0=sentence1,1=sentence2,2=label", label_set=[0, 1])
+
+
+def test_label_outside_the_declared_set_fails_with_file_and_line(tmp_path):
+    folder = tmp_path / "senteval_cn" / "BQ"
+    folder.mkdir(parents=True)
+    (folder / "BQ.test.data").write_text("甲\t乙\t1\n丙\t丁\t2\n")
+    with pytest.raises(
+        DataError, match=r"BQ\.test\.data:2: column 'label': 2 is not one of the allowed labels"
+    ):
+        load_senteval_cn("BQ", "test", root=tmp_path / "senteval_cn")
+
+
+def test_snli_files_report_bad_lines(tmp_path):
+    (tmp_path / "s1.dev").write_text("a man sleeps\na dog runs\n")
+    (tmp_path / "s2.dev").write_text("a person rests\n \n")
+    (tmp_path / "labels.dev").write_text("entailment\nneutral\n")
+    with pytest.raises(DataError, match=r"s2\.dev:2: empty sentence"):
+        read_senteval_nli(tmp_path, "dev")
+    (tmp_path / "s2.dev").write_text("a person rests\nan animal moves\n")
+    (tmp_path / "labels.dev").write_text("entailment\nmaybe\n")
+    with pytest.raises(DataError, match=r"labels\.dev:2: label 'maybe'"):
+        read_senteval_nli(tmp_path, "dev")
+    (tmp_path / "labels.dev").write_text("entailment\ncontradiction\n")
+    assert read_senteval_nli(tmp_path, "dev").columns["label"] == [1, 0]

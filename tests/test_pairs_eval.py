@@ -1,0 +1,86 @@
+"""Pair classification (threshold on dev, F1/AP/AUC vs scikit-learn) and reranking metrics for both model kinds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embforge.data import Dataset
+from embforge.evaluate.pairs import best_threshold, classification_metrics, evaluate_pairs, score_pairs
+from embforge.evaluate.rerank import evaluate_rerank, group_candidates
+from tests.test_cross_losses import PAIRS, make_cross_encoder
+
+
+def _brute_force_threshold(scores, labels):
+    candidates = np.concatenate([[scores.min() - 1], np.unique(scores) + 1e-9])
+    return max(float(np.mean((scores >= t) == labels)) for t in candidates)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_threshold_search_finds_the_best_accuracy(seed):
+    rng = np.random.default_rng(seed)
+    scores = np.round(rng.normal(size=60), 1)  # ties on purpose
+    labels = (scores + rng.normal(scale=0.8, size=60) > 0).astype(int)
+    threshold, accuracy = best_threshold(scores, labels)
+    assert accuracy == pytest.approx(_brute_force_threshold(scores, labels))
+    assert np.mean((scores >= threshold) == labels) == pytest.approx(accuracy)
+
+
+def test_one_class_dev_split_is_a_clear_error():
+    with pytest.raises(ValueError, match="one class only"):
+        best_threshold(np.array([0.1, 0.5, 0.9]), np.array([1, 1, 1]), source="dev.tsv")
+
+
+def test_metrics_equal_scikit_learn():
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=100)
+    labels = (scores + rng.normal(size=100) > 0.3).astype(int)
+    result = classification_metrics(scores, labels, 0.2)
+    assert result["ap"] == pytest.approx(100 * metrics.average_precision_score(labels, scores))
+    assert result["roc_auc"] == pytest.approx(100 * metrics.roc_auc_score(labels, scores))
+    assert result["f1"] == pytest.approx(100 * metrics.f1_score(labels, scores >= 0.2))
+
+
+def _data(rows, name="pairs.tsv") -> Dataset:
+    return Dataset(
+        name,
+        {"sentence1": [r[0] for r in rows], "sentence2": [r[1] for r in rows], "label": [r[2] for r in rows]},
+        list(range(1, len(rows) + 1)),
+    )
+
+
+def test_threshold_from_dev_is_applied_unchanged_to_test():
+    ce = make_cross_encoder()
+    test = _data([(a, b, i % 2) for i, (a, b) in enumerate(PAIRS)])
+    dev = _data([(a, b, int(i < 3)) for i, (a, b) in enumerate(PAIRS)])
+    dev_threshold, _ = best_threshold(score_pairs(ce, dev), np.array(dev.columns["label"]))
+    result = evaluate_pairs(ce, test, dev=dev)
+    assert result["threshold"] == pytest.approx(dev_threshold)
+    assert result["threshold_on_dev"] == 1.0
+    expected = np.mean((score_pairs(ce, test) >= dev_threshold) == np.array(test.columns["label"]))
+    assert result["accuracy"] == pytest.approx(100 * expected)
+
+
+def test_bi_encoder_scores_are_cosines(tiny_encoder):
+    data = _data([(a, b, 1) for a, b in PAIRS])
+    emb_a = tiny_encoder.encode([a for a, _ in PAIRS], normalize=True)
+    emb_b = tiny_encoder.encode([b for _, b in PAIRS], normalize=True)
+    np.testing.assert_allclose(score_pairs(tiny_encoder, data), np.sum(emb_a * emb_b, axis=1), atol=1e-5)
+
+
+def test_rerank_metrics_by_hand():
+    ce = make_cross_encoder()
+    docs = [b for _, b in PAIRS]
+    query = "a man plays the guitar"
+    scores = ce.predict([(query, d) for d in docs])
+    relevant = int(np.argsort(-scores)[2])  # the third-ranked candidate is the only relevant one
+    rows = [(query, d, int(i == relevant)) for i, d in enumerate(docs)]
+    rows += [("no answer here", d, 0) for d in docs[:2]]  # a query without positives is left out
+    result = evaluate_rerank(ce, _data(rows))
+    assert result["queries"] == 1
+    assert result["mrr@10"] == pytest.approx(100 / 3)
+    assert result["ndcg@10"] == pytest.approx(100 / np.log2(4))
+    assert result["map"] == pytest.approx(100 / 3)
+    groups, qrels = group_candidates(_data(rows), positives_only=False)
+    assert len(groups) == 2 and sum(qrels["q0"].values()) == 1
