@@ -216,7 +216,13 @@ def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: 
 
 
 def mine(
-    model: Any, data: RetrievalData | Dataset, config: MiningConfig, *, corpus: list[str] | None = None
+    model: Any,
+    data: RetrievalData | Dataset,
+    config: MiningConfig,
+    *,
+    corpus: list[str] | None = None,
+    query_emb: np.ndarray | None = None,
+    doc_emb: np.ndarray | None = None,
 ) -> Dataset:
     """Mine negatives and return ``anchor, positive, negative_1..n`` rows (one per relevant query-document pair).
 
@@ -227,6 +233,8 @@ def mine(
             anchor text are known positives; the corpus is ``corpus`` plus the positives, de-duplicated).
         config: mining settings; ``config.stats`` is filled with filter counts.
         corpus: extra documents for pairs mode.
+        query_emb: precomputed embeddings of the unique queries (in first-appearance order), if any.
+        doc_emb: precomputed embeddings of the corpus (in pairs mode: ``corpus`` then new positives), if any.
     """
     if isinstance(data, RetrievalData):
         position = {d: i for i, d in enumerate(data.doc_ids)}
@@ -249,7 +257,9 @@ def mine(
         query_texts, positives = list(grouped), list(grouped.values())
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
-    mined = mine_positions(query_texts, positives, docs, config, model=model)
+    mined = mine_positions(
+        query_texts, positives, docs, config, model=model, query_emb=query_emb, doc_emb=doc_emb
+    )
     anchors_out: list[str] = []
     pos_out: list[str] = []
     neg_cols: list[list[str]] = [[] for _ in range(config.num_negatives)]

@@ -189,3 +189,45 @@ class NegativeRefresher:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             with self.log_file.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
+
+
+def retrieval_training(
+    model: Any,
+    *,
+    data: RetrievalData,
+    loss: Any,
+    num_negatives: int,
+    method: str,
+    refresh_every: int,
+    hard_ratio_start: float,
+    hard_ratio_end: float,
+    total_steps: int,
+    output: str | Path,
+    other_tasks: list[Task],
+) -> tuple[list[Task], Any]:
+    """The tasks and trainer hook for training on retrieval data (``embforge train --retrieval-train DIR``).
+
+    ``num_negatives=0`` trains on ``anchor, positive`` pairs only (in-batch negatives); otherwise the first negatives
+    are mined with the initial model (``method``: dense, bm25 or hybrid) at ``hard_ratio_start`` and, with
+    ``refresh_every > 0``, re-mined ANCE-style during training. Returns ``(all tasks, refresher hook or None)``.
+    """
+    if num_negatives == 0:
+        from embforge.datasets.scifact import training_pairs
+
+        return [*other_tasks, Task(data.name or "retrieval", training_pairs(data), loss)], None
+    mining = MiningConfig(method=method, num_negatives=num_negatives, relative_margin=0.05)
+    config = RefreshConfig(
+        every=refresh_every, hard_ratio_start=hard_ratio_start, hard_ratio_end=hard_ratio_end, mining=mining
+    )
+    refresher = NegativeRefresher(
+        data, loss, config, total_steps=total_steps, log_dir=output, name="retrieval"
+    )
+    mined = refresher.build_tasks(model, 0)
+    if not refresh_every:
+        return [*other_tasks, *mined], None
+
+    def hook(step: int, current: Any) -> list[Task] | None:
+        fresh = refresher(step, current)
+        return None if fresh is None else [*other_tasks, *fresh]
+
+    return [*other_tasks, *mined], hook

@@ -36,6 +36,15 @@ class RunSpec:
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
     max_seq_length: int | None = None
+    # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
+    retrieval_train: str | None = None
+    retrieval_split: str = "train"
+    retrieval_eval_split: str | None = None
+    num_negatives: int = 1
+    mine_method: str = "dense"
+    refresh_negatives_every: int = 0
+    hard_ratio_start: float = 0.3
+    hard_ratio_end: float = 0.9
     config: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -98,6 +107,46 @@ def run(spec: RunSpec) -> dict[str, Any]:
         raise ValueError(
             f"matryoshka_dims: {max(spec.matryoshka_dims)} is larger than the model's dimension {model.dim}"
         )
-    tasks = build_tasks(spec, model)
+    tasks = build_tasks(spec, model) if spec.train or not spec.retrieval_train else []
     evaluator = sts_evaluator(read_table(spec.eval, columns=spec.columns)) if spec.eval else None
-    return train(model, tasks, spec.config, evaluator=evaluator)
+    refresher = None
+    if spec.retrieval_train:
+        tasks, refresher, retrieval_eval = _retrieval_setup(spec, model, tasks)
+        evaluator = retrieval_eval or evaluator
+    return train(model, tasks, spec.config, evaluator=evaluator, refresher=refresher)
+
+
+def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list[Task], Any, Any]:
+    """Mined-negative retrieval task (+ ANCE refresh hook, + retrieval evaluator) from ``spec.retrieval_*``."""
+    import math
+
+    from embforge.cli.retrieval import load_data
+    from embforge.evaluate.retrieval import retrieval_evaluator
+    from embforge.losses import get_loss
+    from embforge.refresh import retrieval_training
+
+    data = load_data(spec.retrieval_train, spec.retrieval_split)
+    rows = sum(1 for rel in data.qrels.values() for grade in rel.values() if grade > 0)
+    steps = spec.config.max_steps or math.ceil(
+        spec.config.epochs * math.ceil(rows / spec.config.batch_size) / spec.config.grad_accum
+    )
+    loss = get_loss("infonce" if spec.loss == "cosent" else spec.loss, dim=model.dim, **spec.loss_options)
+    tasks, refresher = retrieval_training(
+        model,
+        data=data,
+        loss=loss,
+        num_negatives=spec.num_negatives,
+        method=spec.mine_method,
+        refresh_every=spec.refresh_negatives_every,
+        hard_ratio_start=spec.hard_ratio_start,
+        hard_ratio_end=spec.hard_ratio_end,
+        total_steps=steps,
+        output=spec.config.output,
+        other_tasks=tasks,
+    )
+    evaluator = None
+    if spec.retrieval_eval_split:
+        evaluator = retrieval_evaluator(load_data(spec.retrieval_train, spec.retrieval_eval_split))
+        if spec.config.metric == "spearman":
+            spec.config.metric = "ndcg@10"
+    return tasks, refresher, evaluator

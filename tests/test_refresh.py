@@ -68,3 +68,28 @@ def test_training_swaps_in_refreshed_negatives(tiny_encoder, tmp_path, backgroun
     for fresh in seen_tasks:
         columns = fresh[0].data.columns
         assert all(n != p for n, p in zip(columns["negative_1"], columns["positive"]))
+
+
+def test_cli_train_with_refresh(tiny_model_dir, tmp_path):
+    from embforge.cli import main
+
+    data = _data()
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in zip(data.doc_ids, data.doc_texts))
+    )
+    (root / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in zip(data.query_ids, data.query_texts))
+    )
+    (root / "qrels" / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"{q}\t{d}\t1\n" for q, rel in data.qrels.items() for d in rel)
+    )
+    out = tmp_path / "out"
+    argv = ["train", "--model", str(tiny_model_dir), "--retrieval-train", str(root), "--num-negatives", "1"]
+    argv += ["--refresh-negatives-every", "2", "--max-steps", "5", "--batch-size", "4", "--output", str(out)]
+    assert main([*argv, "--quiet", "--save-every", "0"]) == 0
+    records = [json.loads(line) for line in (out / "refresh.jsonl").read_text().splitlines()]
+    assert records and all("stall_seconds" in r for r in records if r["event"] == "refresh")
+    assert (out / "model.safetensors").exists()

@@ -29,6 +29,14 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--columns", "columns", str, "column mapping, e.g. '0=sentence1,1=sentence2,2=score'"),
     ("--chunk-tokens", "chunk_tokens", int, "padded tokens per forward chunk (default 512 CPU / 16384 GPU)"),
     ("--device", "device", str, "cpu, cuda, cuda:1 ... (default auto)"),
+    ("--retrieval-train", "retrieval_train", str, "BEIR or SciFact folder: train a retriever on its qrels"),
+    ("--retrieval-split", "retrieval_split", str, "qrels split to train on (default train)"),
+    ("--retrieval-eval-split", "retrieval_eval_split", str, "split evaluated (NDCG@10) during training"),
+    ("--num-negatives", "num_negatives", int, "mined negatives per row, 0 = in-batch only (default 1)"),
+    ("--mine-method", "mine_method", str, "dense, bm25 or hybrid (default dense)"),
+    ("--refresh-negatives-every", "refresh_negatives_every", int, "re-mine with the current model every N steps"),
+    ("--hard-ratio-start", "hard_ratio_start", float, "hard-negative ratio at the start (default 0.3)"),
+    ("--hard-ratio-end", "hard_ratio_end", float, "hard-negative ratio at the end (default 0.9)"),
 ]
 
 
