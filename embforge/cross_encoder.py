@@ -239,7 +239,9 @@ class CrossEncoder(nn.Module):
         if not is_cross_encoder_folder(root) and (root / "modules.json").exists():
             from embforge.encoder import read_st_settings
 
-            source = root / read_st_settings(root)["transformer_path"]
+            settings = read_st_settings(root)
+            source = root / settings["transformer_path"]
+            saved.setdefault("max_seq_length", settings.get("max_seq_length"))
         kwargs: dict[str, Any] = {}
         if num_labels is not None:
             kwargs["num_labels"] = num_labels

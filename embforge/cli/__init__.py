@@ -19,6 +19,7 @@ VERB_MODULES = [
     "embforge.cli.export",
     "embforge.cli.serve",
     "embforge.cli.retrieval",
+    "embforge.cli.cross",
 ]
 
 

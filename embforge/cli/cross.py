@@ -1,0 +1,116 @@
+"""Cross-encoder verbs: ``eval pairs``, ``eval rerank``, ``rerank`` (two-stage) and ``bench cosent-vs-ce``.
+
+``eval pairs`` and ``eval rerank`` take a bi-encoder or a cross-encoder folder (detected from its config).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embforge.cli.common import add_data_args, add_model_arg
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    pairs = evals.add_parser(
+        "pairs",
+        help="pair classification: accuracy (threshold from --dev), F1, AP, ROC-AUC (0-100)",
+        description="Pair classification of a bi- or cross-encoder on sentence1, sentence2, label (0/1) rows.",
+    )
+    add_model_arg(pairs)
+    add_data_args(pairs)
+    pairs.add_argument(
+        "--dev", help="dev file for the accuracy threshold (default: searched on --data itself)"
+    )
+    pairs.add_argument("--batch-size", type=int, default=64)
+    pairs.set_defaults(func=run_eval_pairs)
+
+    rerank = evals.add_parser(
+        "rerank",
+        help="MRR@10, NDCG@10, MAP (0-100) over each query's candidates",
+        description="Rank each query's candidates (rows sentence1=query, sentence2=candidate, label=grade).",
+    )
+    add_model_arg(rerank)
+    add_data_args(rerank)
+    rerank.add_argument(
+        "--all-queries", action="store_true", help="keep queries without a relevant candidate (scored 0)"
+    )
+    rerank.add_argument("--batch-size", type=int, default=64)
+    rerank.set_defaults(func=run_eval_rerank)
+
+    two_stage = verbs.add_parser(
+        "rerank",
+        help="two-stage retrieval: bi-encoder top-k, re-scored by a cross-encoder (metrics before/after)",
+        description="Pool the candidates of a query/candidate/label file as the corpus, retrieve the top-k with "
+        "the bi-encoder, re-score them with the cross-encoder, and report MRR@10/NDCG@10 before and after.",
+    )
+    two_stage.add_argument("--bi-model", default="all-MiniLM-L6-v2", help="bi-encoder for the first stage")
+    two_stage.add_argument("--cross-model", required=True, help="cross-encoder folder for the second stage")
+    add_data_args(two_stage)
+    two_stage.add_argument(
+        "--top-k", type=int, default=20, help="candidates re-scored per query (default 20)"
+    )
+    two_stage.add_argument("--batch-size", type=int, default=64)
+    two_stage.set_defaults(func=run_two_stage)
+
+    bench = verbs.add_parser("bench", help="reproducible experiments (see `embforge bench cosent-vs-ce -h`)")
+    experiments = bench.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    from embforge.bench.cosent_vs_ce import add_arguments
+
+    cosent = experiments.add_parser(
+        "cosent-vs-ce",
+        help="CE vs CoSENT cross-encoders and Sentence-BERT softmax vs CoSENT bi-encoders, over seeds",
+        description="Train each system on each data set over several seeds from the same base model and "
+        "budget; print Spearman and accuracy tables (mean ± std).",
+    )
+    add_arguments(cosent)
+    cosent.set_defaults(func=run_bench_cosent)
+
+
+def load_any_model(path: str) -> Any:
+    """A :class:`CrossEncoder` for a cross-encoder folder, else an :class:`Encoder`."""
+    from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
+    from embforge.encoder import Encoder
+
+    return CrossEncoder.load(path) if is_cross_encoder_folder(path) else Encoder.load(path)
+
+
+def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.data import read_table
+    from embforge.evaluate.pairs import evaluate_pairs
+
+    data = read_table(args.data, columns=args.columns, label_set=[0, 1])
+    dev = read_table(args.dev, columns=args.columns, label_set=[0, 1]) if args.dev else None
+    return evaluate_pairs(load_any_model(args.model), data, dev=dev, batch_size=args.batch_size)
+
+
+def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.data import read_table
+    from embforge.evaluate.rerank import evaluate_rerank
+
+    data = read_table(args.data, columns=args.columns)
+    return evaluate_rerank(
+        load_any_model(args.model), data, positives_only=not args.all_queries, batch_size=args.batch_size
+    )
+
+
+def run_two_stage(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.cross_encoder import CrossEncoder
+    from embforge.data import read_table
+    from embforge.encoder import Encoder
+    from embforge.two_stage import evaluate_two_stage
+
+    data = read_table(args.data, columns=args.columns)
+    return evaluate_two_stage(
+        Encoder.load(args.bi_model),
+        CrossEncoder.load(args.cross_model),
+        data,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+    )
+
+
+def run_bench_cosent(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.bench.cosent_vs_ce import config_from_args, run_benchmark
+
+    return run_benchmark(config_from_args(args))
