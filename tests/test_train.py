@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,25 @@ def test_config_rejects_bad_values():
         TrainConfig(batch_size=0)
     with pytest.raises(ValueError, match="amp must be"):
         TrainConfig(amp="fp8")
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_on_cpu_trains_with_finite_loss(tmp_path, tiny_model_dir, sts_csv, amp):
+    config = TrainConfig(
+        output=str(tmp_path / amp),
+        max_steps=3,
+        batch_size=8,
+        amp=amp,
+        group_by_length=True,
+        grad_accum=2,
+        quiet=True,
+        save_every=0,
+    )
+    summary = train(
+        Encoder.load(tiny_model_dir), [Task("sts", read_table(sts_csv), get_loss("cosent"))], config
+    )
+    assert summary["steps"] == 3
+    losses = [
+        json.loads(line)["loss"] for line in (tmp_path / amp / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert all(np.isfinite(losses))

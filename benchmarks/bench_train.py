@@ -1,0 +1,216 @@
+"""Training and encoding throughput: embforge vs sentence-transformers, in one process, same everything.
+
+Both sides fine-tune all-MiniLM-L6-v2 on STS-B train with the same loss (CoSENT and cosine-MSE), batch size,
+epochs, learning rate, warm-up, weight decay and clipping, then are scored on STS-B test with the same code.
+Then both encode the STS-B test sentences (alternating rounds, best round kept). Prints a table with
+embforge/peer ratios.
+
+    .venv/bin/python benchmarks/bench_train.py                       # batch 16, lr 2e-5, 1 epoch
+    .venv/bin/python benchmarks/bench_train.py --batch-size 32 --lr 5e-5 --losses cosent
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+from embforge.data import read_table
+from embforge.encoder import Encoder
+from embforge.losses import get_loss
+from embforge.metrics import correlations, pair_scores
+from embforge.models import resolve_model_path
+from embforge.paths import data_root
+from embforge.tasks import Task
+from embforge.train import TrainConfig, train
+
+
+class PeakRSS:
+    """Highest resident set size seen (sampled every 20 ms) while the block runs, in MB."""
+
+    def __enter__(self) -> PeakRSS:
+        self.proc = psutil.Process()
+        self.peak = self.proc.memory_info().rss
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.02)
+
+    def __exit__(self, *exc: object) -> None:
+        self.running = False
+        self.thread.join()
+        self.mb = self.peak / 2**20
+
+
+def spearman(encode, test) -> float:
+    a = encode(test.columns["sentence1"])
+    b = encode(test.columns["sentence2"])
+    return correlations(pair_scores(a, b)["cosine"], test.labels())["spearman"]
+
+
+def run_peer(loss_name, train_data, test, args, out):
+    from datasets import Dataset as HFDataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
+    from sentence_transformers.training_args import SentenceTransformerTrainingArguments
+
+    model = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
+    scores = np.asarray(train_data.labels(), dtype=np.float64)
+    if loss_name == "mse":
+        scores = (
+            scores / 5.0
+        )  # CosineSimilarityLoss wants [0, 1]; embforge's mse does the same rescale itself
+        loss = losses.CosineSimilarityLoss(model)
+    else:
+        loss = losses.CoSENTLoss(model)
+    dataset = HFDataset.from_dict(
+        {
+            "sentence1": train_data.columns["sentence1"],
+            "sentence2": train_data.columns["sentence2"],
+            "score": scores.tolist(),
+        }
+    )
+    targs = SentenceTransformerTrainingArguments(
+        output_dir=str(out),
+        num_train_epochs=args.epochs,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        warmup_steps=0.1,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        seed=args.seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10_000,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=dataset, loss=loss)
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+    return {
+        "pairs_s": len(dataset) * args.epochs / seconds,
+        "rss": mem.mb,
+        "spearman": spearman(lambda t: model.encode(t, batch_size=64), test),
+    }
+
+
+def run_embforge(loss_name, train_data, test, args, out):
+    model = Encoder.load(args.model)
+    config = TrainConfig(
+        output=str(out),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_ratio=0.1,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        seed=args.seed,
+        save_every=0,
+        quiet=True,
+    )
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        train(model, [Task("stsb", train_data, get_loss(loss_name))], config)
+        seconds = time.perf_counter() - start
+    return {
+        "pairs_s": len(train_data) * args.epochs / seconds,
+        "rss": mem.mb,
+        "spearman": spearman(lambda t: model.encode(t, batch_size=64), test),
+    }
+
+
+def bench_encode(args, test):
+    from sentence_transformers import SentenceTransformer
+
+    texts = list(dict.fromkeys(test.columns["sentence1"] + test.columns["sentence2"]))
+    ours = Encoder.load(args.model)
+    peer = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
+    best = {"embforge": 0.0, "peer": 0.0}
+    diff = 0.0
+    for _ in range(args.encode_rounds):
+        for side in ("peer", "embforge"):
+            start = time.perf_counter()
+            if side == "peer":
+                b = peer.encode(texts, batch_size=32)
+            else:
+                a = ours.encode(texts, batch_size=32)
+            best[side] = max(best[side], len(texts) / (time.perf_counter() - start))
+        diff = float(np.abs(a - b).max())
+    return len(texts), best, diff
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--data", default=None, help="data root (default ../shared/data)")
+    parser.add_argument("--losses", default="cosent,mse")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N training pairs")
+    parser.add_argument("--encode-rounds", type=int, default=3)
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--out", default="/tmp/embforge-bench-train")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    root = data_root(args.data) / "stsb_en"
+    train_data = read_table(root / "stsb-en-train.csv")
+    if args.limit:
+        train_data = train_data.subset(range(args.limit))
+    test = read_table(root / "stsb-en-test.csv")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}, threads {torch.get_num_threads()}"
+    )
+    print(
+        f"data: STS-B train {len(train_data)} pairs, test {len(test)}; batch {args.batch_size}, lr {args.lr}, "
+        f"epochs {args.epochs}, warmup 0.1, weight decay 0.01, clip 1.0\n"
+    )
+    rows = []
+    if not args.skip_train:
+        for loss_name in args.losses.split(","):
+            results = {}
+            for side, fn in (("sentence-transformers", run_peer), ("embforge", run_embforge)):
+                results[side] = fn(loss_name, train_data, test, args, Path(args.out) / f"{side}-{loss_name}")
+                gc.collect()
+                print(f"  {loss_name:7s} {side:22s} {results[side]}", flush=True)
+            rows.append((loss_name, results))
+        print("\n| loss | library | train pairs/s | peak RSS (MB) | STS-B test Spearman |")
+        print("|---|---|---:|---:|---:|")
+        for loss_name, results in rows:
+            for side, r in results.items():
+                print(f"| {loss_name} | {side} | {r['pairs_s']:.1f} | {r['rss']:.0f} | {r['spearman']:.2f} |")
+            ours, peer = results["embforge"], results["sentence-transformers"]
+            print(
+                f"| {loss_name} | **embforge / peer** | **{ours['pairs_s'] / peer['pairs_s']:.2f}x** | "
+                f"{ours['rss'] / peer['rss']:.2f}x | {ours['spearman'] - peer['spearman']:+.2f} |"
+            )
+    n, best, diff = bench_encode(args, test)
+    print(f"\n| encode ({n} STS-B test sentences, batch 32, best of {args.encode_rounds}) | sentences/s |")
+    print("|---|---:|")
+    print(f"| sentence-transformers | {best['peer']:.0f} |")
+    print(f"| embforge | {best['embforge']:.0f} |")
+    print(f"| **embforge / peer** | **{best['embforge'] / best['peer']:.2f}x** (max abs diff {diff:.1e}) |")
+
+
+if __name__ == "__main__":
+    main()
