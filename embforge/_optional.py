@@ -16,6 +16,8 @@ _EXTRAS = {
     "httpx": "serve",
     "sklearn": "eval",
     "matplotlib": "eval",
+    "mteb": "mteb",
+    "datasets": "mteb",
     "pyarrow": "parquet",
     "pyarrow.parquet": "parquet",
 }
