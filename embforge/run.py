@@ -36,6 +36,7 @@ class RunSpec:
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
     max_seq_length: int | None = None
+    model_type: str = "bi"  # "bi" (Encoder) or "cross" (CrossEncoder; losses bce, ce, cosent, mse, listwise)
     # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
     retrieval_train: str | None = None
     retrieval_split: str = "train"
@@ -102,6 +103,12 @@ def run(spec: RunSpec) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.evaluate.sts import sts_evaluator
 
+    if spec.model_type not in ("bi", "cross"):
+        raise ValueError(f"model_type must be 'bi' or 'cross', got {spec.model_type!r}")
+    if spec.model_type == "cross":
+        from embforge.cross_train import run_cross
+
+        return run_cross(spec)
     model = Encoder.load(spec.model, max_seq_length=spec.max_seq_length)
     if spec.matryoshka_dims and max(spec.matryoshka_dims) > model.dim:
         raise ValueError(

@@ -154,3 +154,54 @@ def test_score_ids_keeps_gradients_and_order():
     with torch.no_grad():
         single = torch.cat([ce.score_ids([it]) for it in items])
     torch.testing.assert_close(logits.detach(), single, atol=1e-5, rtol=0)
+
+
+def test_cli_train_cross_then_eval_pairs_sts_and_rerank(tmp_path, tiny_model_dir, capsys):
+    from embforge.cli import main
+
+    rows = [(a, b, i % 2) for i, (a, b) in enumerate(PAIRS * 4)]
+    train_file = tmp_path / "train.tsv"
+    train_file.write_text("sentence1\tsentence2\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    scored = tmp_path / "sts.tsv"
+    scored.write_text(
+        "sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{i}\n" for i, (a, b) in enumerate(PAIRS))
+    )
+    out = tmp_path / "ce"
+    code = main(
+        [
+            "train",
+            "--model-type",
+            "cross",
+            "--model",
+            str(tiny_model_dir),
+            "--train",
+            str(train_file),
+            "--loss",
+            "bce",
+            "--output",
+            str(out),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--quiet",
+        ]
+    )
+    assert code == 0 and is_cross_encoder_folder(out)
+    capsys.readouterr()
+    assert (
+        main(["eval", "pairs", "--model", str(out), "--data", str(train_file), "--dev", str(train_file)]) == 0
+    )
+    pairs = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert pairs["threshold_on_dev"] == 1.0 and 0 <= pairs["accuracy"] <= 100
+    assert main(["eval", "sts", "--model", str(out), "--data", str(scored)]) == 0
+    sts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    expected = CrossEncoder.load(out).predict(PAIRS)
+    from embforge.metrics import correlations
+
+    assert sts["spearman"] == pytest.approx(
+        correlations(expected, np.arange(len(PAIRS)))["spearman"], abs=1e-4
+    )
+    assert main(["eval", "rerank", "--model", str(out), "--data", str(train_file)]) == 0
+    rerank = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"mrr@10", "ndcg@10", "map", "queries"} <= set(rerank)

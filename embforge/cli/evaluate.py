@@ -19,10 +19,10 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def run_sts(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.cli.cross import load_any_model
     from embforge.data import read_table
-    from embforge.encoder import Encoder
     from embforge.evaluate.sts import evaluate_sts
 
     data = read_table(args.data, columns=args.columns)
-    model = Encoder.load(args.model)
+    model = load_any_model(args.model)  # a bi-encoder, or a cross-encoder folder
     return evaluate_sts(model, data, batch_size=args.batch_size)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from embforge.data import Dataset
 from embforge.encoder import Encoder
 from embforge.metrics import correlations, pair_scores
 
 
-def evaluate_sts(model: Encoder, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:
+def evaluate_sts(model: Encoder | Any, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:
     """Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity against ``score`` (or ``label``).
+
+    ``model`` may also be a :class:`~embforge.cross_encoder.CrossEncoder`: its pair scores are correlated instead
+    (keys ``spearman``, ``pearson``, ``n``).
 
     Keys: ``spearman`` and ``pearson`` (cosine, the headline numbers), plus ``spearman_dot``,
     ``pearson_dot``, ``spearman_euclidean``, ``pearson_euclidean`` and ``n``.
@@ -21,6 +25,9 @@ def evaluate_sts(model: Encoder, data: Dataset, *, batch_size: int = 64) -> dict
         data.require(["score"], purpose="STS evaluation")
         raise AssertionError  # unreachable: require() raised
     texts1, texts2 = data.columns["sentence1"], data.columns["sentence2"]
+    if not isinstance(model, Encoder) and hasattr(model, "predict"):  # a cross-encoder: pair scores directly
+        corr = correlations(model.predict(list(zip(texts1, texts2)), batch_size=batch_size), gold)
+        return {"spearman": corr["spearman"], "pearson": corr["pearson"], "n": float(len(data))}
     # encode the unique texts once: pairs often share sentences
     unique = list(dict.fromkeys(texts1 + texts2))
     emb = model.encode(unique, batch_size=batch_size, normalize=False)
