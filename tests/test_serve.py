@@ -270,3 +270,18 @@ def test_real_uvicorn_on_loopback_with_graceful_shutdown(tiny_encoder, tmp_path:
     assert not thread.is_alive()
     assert result["response"].status_code == 200 and len(result["response"].json()["data"]) == 4
     assert len(DocumentStore.open(tmp_path / "index", dim=tiny_encoder.dim)) == 4
+
+
+def test_onnx_backend_serves_the_same_vectors_as_its_encode(tiny_model_dir: Path, tmp_path: Path):
+    pytest.importorskip("onnxruntime")
+    from embforge.encoder import Encoder
+    from embforge.export import export_onnx
+
+    export_onnx(tiny_model_dir, tmp_path / "onnx", parity_texts=TEXTS)
+    model = Encoder.load(tmp_path / "onnx", backend="onnx")
+    with client_for(model) as client:
+        body = client.post("/v1/embeddings", json={"input": TEXTS, "dimensions": 16}).json()
+        assert client.get("/health").json()["backend"] == "onnx"
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    np.testing.assert_allclose(got, model.encode(TEXTS, dim=16), atol=1e-5)
+    np.testing.assert_allclose(got, Encoder.load(tiny_model_dir).encode(TEXTS, dim=16), atol=1e-5)

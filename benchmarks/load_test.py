@@ -1,0 +1,190 @@
+"""Load test of ``embforge serve`` on loopback: micro-batching vs batch-size-1 serving, same model, one run.
+
+Starts two servers on 127.0.0.1 (free ports) with the same model: one with dynamic micro-batching
+(``--max-batch-size 64 --max-wait-ms 5``) and one that runs every request alone (``--max-batch-size 1
+--max-wait-ms 0``). For each concurrency level, N async clients send single-sentence ``/v1/embeddings``
+requests (STS-B test sentences) until a request count or a time limit is reached; the two servers are measured
+alternately, several times, so both see the same machine load. Prints requests/s, p50/p99 latency and errors.
+Both servers are stopped (SIGINT, graceful) at the end. Nothing leaves the machine.
+
+    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python benchmarks/load_test.py --clients 1,8,32 --requests 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model: str, backend: str, batch: int, wait_ms: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from embforge.cli import main; sys.exit(main())",
+        "serve",
+        "--model",
+        model,
+        "--backend",
+        backend,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(batch),
+        "--max-wait-ms",
+        str(wait_ms),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd)
+    return proc, f"http://{HOST}:{port}"
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"server {url} not ready after {timeout}s")
+
+
+async def run_load(
+    url: str, sentences: list[str], clients: int, total: int, max_seconds: float
+) -> dict[str, float]:
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    sent = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+        start = time.perf_counter()
+        stop_at = start + max_seconds
+
+        async def client() -> None:
+            nonlocal sent, errors
+            while sent < total and time.perf_counter() < stop_at:
+                text = sentences[sent % len(sentences)]
+                sent += 1
+                t0 = time.perf_counter()
+                try:
+                    response = await http.post("/v1/embeddings", json={"input": text, "model": "m"})
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - t0)
+                errors += not ok
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "errors": errors,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--backend", choices=("torch", "onnx"), default="torch")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--requests", type=int, default=300, help="requests per measurement")
+    parser.add_argument("--max-seconds", type=float, default=30, help="time limit per measurement")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="alternating measurements per server and level"
+    )
+    args = parser.parse_args()
+
+    from embforge.data import read_table
+    from embforge.paths import data_root
+
+    data = read_table(
+        data_root() / "stsb_en" / "stsb-en-test.csv", header=None, columns="0=sentence1,1=sentence2,2=score"
+    )
+    sentences = list(dict.fromkeys(data.columns["sentence1"] + data.columns["sentence2"]))
+    servers = {
+        "micro-batching (64, 5 ms)": start_server(args.model, args.backend, 64, 5),
+        "batch size 1": start_server(args.model, args.backend, 1, 0),
+    }
+    try:
+        for proc, url in servers.values():
+            wait_ready(url, proc)
+        for _, url in servers.values():  # warm-up
+            asyncio.run(run_load(url, sentences, 4, 40, 30))
+        levels = [int(x) for x in args.clients.split(",")]
+        results: dict[tuple[str, int], list[dict[str, float]]] = {}
+        names = list(servers)
+        for level in levels:
+            for rep in range(args.repeats):
+                for name in names if rep % 2 == 0 else names[::-1]:
+                    res = asyncio.run(
+                        run_load(servers[name][1], sentences, level, args.requests, args.max_seconds)
+                    )
+                    results.setdefault((name, level), []).append(res)
+                    print(
+                        f"{name:28s} clients={level:3d} {res['rps']:7.1f} req/s p50 {res['p50_ms']:.1f} ms "
+                        f"p99 {res['p99_ms']:.1f} ms errors {res['errors']}",
+                        flush=True,
+                    )
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGINT)
+        for proc, _ in servers.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print(
+        f"\nbackend {args.backend}, model {args.model}, {args.requests} single-sentence requests per measurement "
+        f"(max {args.max_seconds:.0f} s), {args.repeats} alternating measurements each (median shown)"
+    )
+    print("| server | clients | requests/s | p50 ms | p99 ms | errors |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for level in levels:
+        for name in names:
+            runs = results[(name, level)]
+            med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
+            errors = sum(int(r["errors"]) for r in runs)
+            print(
+                f"| {name} | {level} | {med['rps']:.1f} | {med['p50_ms']:.1f} | {med['p99_ms']:.1f} | {errors} |"
+            )
+    for level in levels:
+        fast = statistics.median(r["rps"] for r in results[(names[0], level)])
+        slow = statistics.median(r["rps"] for r in results[(names[1], level)])
+        print(f"clients={level}: micro-batching / batch-size-1 throughput = {fast / slow:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
