@@ -70,6 +70,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         reranker=args.reranker,
         index=args.index,
         index_kind=args.index_kind,
+        qdrant_url=args.qdrant_url,
         backend=args.backend,
         host=args.host,
         port=args.port,

@@ -43,6 +43,7 @@ def serve(
     reranker: str | None = None,
     index: str | None = None,
     index_kind: str = "exact",
+    qdrant_url: str | None = None,
     backend: str = "torch",
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -64,7 +65,11 @@ def serve(
         cfg.api_key = os.environ[API_KEY_ENV]
     encoder = load_encoder(model, backend=backend)
     scorer = load_reranker(reranker) if reranker else None
-    store = DocumentStore.open(index, dim=int(encoder.dim), index=index_kind) if index else None
+    store = (
+        DocumentStore.open(index, dim=int(encoder.dim), index=index_kind, qdrant_url=qdrant_url)
+        if index
+        else None
+    )
     app = create_app(encoder, reranker=scorer, store=store, config=cfg)
     uvicorn.run(
         app,

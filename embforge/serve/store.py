@@ -32,10 +32,14 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def _new_index(kind: str, dim: int, folder: Path | None) -> VectorIndex:
+def _new_index(kind: str, dim: int, folder: Path | None, qdrant_url: str | None = None) -> VectorIndex:
     if kind == "qdrant":
+        import os
+
         from embforge.index.qdrant_index import QdrantIndex
 
+        if qdrant_url is not None:
+            return QdrantIndex(dim, url=qdrant_url, api_key=os.environ.get("QDRANT_API_KEY"))
         return QdrantIndex(dim, path=folder / INDEX_DIR if folder is not None else None)
     from embforge.index.factory import create_index
 
@@ -45,9 +49,11 @@ def _new_index(kind: str, dim: int, folder: Path | None) -> VectorIndex:
 def _load_index(folder: Path) -> VectorIndex:
     meta = json.loads((folder / "index.json").read_text())
     if meta.get("backend") == "qdrant":
+        import os
+
         from embforge.index.qdrant_index import QdrantIndex
 
-        return QdrantIndex.load(folder)
+        return QdrantIndex.load(folder, api_key=os.environ.get("QDRANT_API_KEY"))
     from embforge.index.factory import load_index
 
     return load_index(folder)
@@ -60,23 +66,34 @@ class DocumentStore:
         dim: Vector size.
         folder: Where to persist (``None``: memory only).
         index: ``exact`` (numpy), a FAISS kind (``flat``, ``hnsw``, ...) or ``qdrant``.
+        qdrant_url: With ``index="qdrant"``: a Qdrant server (API key from env ``QDRANT_API_KEY``) instead of
+            the embedded local mode. The vectors live on the server; texts and fields stay in ``folder``.
     """
 
-    def __init__(self, dim: int, *, folder: str | Path | None = None, index: str = "exact") -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        folder: str | Path | None = None,
+        index: str = "exact",
+        qdrant_url: str | None = None,
+    ) -> None:
         self.dim = dim
         self.folder = Path(folder) if folder is not None else None
         self.kind = index
         self.docs: dict[str, dict[str, Any]] = {}
-        self.index = _new_index(index, dim, self.folder)
+        self.index = _new_index(index, dim, self.folder, qdrant_url)
         self._lock = threading.RLock()
 
     @classmethod
-    def open(cls, folder: str | Path, *, dim: int, index: str = "exact") -> DocumentStore:
+    def open(
+        cls, folder: str | Path, *, dim: int, index: str = "exact", qdrant_url: str | None = None
+    ) -> DocumentStore:
         """Load the store saved in ``folder``, or start an empty one there (``index`` picks its backend)."""
         root = Path(folder)
         meta_file = root / STORE_FILE
         if not meta_file.is_file():
-            return cls(dim, folder=root, index=index)
+            return cls(dim, folder=root, index=index, qdrant_url=qdrant_url)
         meta = json.loads(meta_file.read_text())
         if int(meta["dim"]) != dim:
             raise ValueError(
