@@ -164,3 +164,46 @@ def test_minilm_scifact_dev_matches_pytrec_eval():
     assert ours["ndcg@10"] == pytest.approx(np.mean([v["ndcg_cut_10"] for v in theirs.values()]))
     assert ours["recall@100"] == pytest.approx(np.mean([v["recall_100"] for v in theirs.values()]))
     assert ours["ndcg@10"] > 0.5  # MiniLM finds SciFact evidence well (BEIR test NDCG@10 is ~0.65 on 5k docs)
+
+
+def test_cli_eval_mine_index(tiny_model_dir, tmp_path, capsys):
+    from embforge.cli import main
+
+    root = _beir(tmp_path / "beir")
+    assert main(["eval", "retrieval", "--model", str(tiny_model_dir), "--data", str(root)]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"ndcg@10", "mrr@10", "recall@100"} <= set(metrics) and 0 <= metrics["ndcg@10"] <= 100
+    out = tmp_path / "mined.jsonl"
+    argv = ["mine", "--data", str(root), "--split", "test", "--method", "bm25", "--output", str(out)]
+    assert main([*argv, "--num-negatives", "2", "--depth", "4"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and set(rows[0]) == {"anchor", "positive", "negative_1", "negative_2"}
+    capsys.readouterr()
+    index = tmp_path / "idx"
+    build = ["index", "build", "--model", str(tiny_model_dir), "--data", str(root), "--output", str(index)]
+    assert main([*build, "--kind", "flat"]) == 0
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "index",
+                "search",
+                "--model",
+                str(tiny_model_dir),
+                "--index",
+                str(index),
+                "--query",
+                "oil",
+                "-k",
+                "2",
+            ]
+        )
+        == 0
+    )
+    hits = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"][0]["hits"]
+    assert len(hits) == 2 and hits[0]["score"] >= hits[1]["score"]
+    assert (
+        main(["eval", "retrieval", "--model", str(tiny_model_dir), "--data", str(root), "--split", "dev"])
+        == 2
+    )
+    assert "splits available: test" in capsys.readouterr().err
