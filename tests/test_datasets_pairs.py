@@ -80,3 +80,28 @@ def test_snli_files_report_bad_lines(tmp_path):
         read_senteval_nli(tmp_path, "dev")
     (tmp_path / "labels.dev").write_text("entailment\ncontradiction\n")
     assert read_senteval_nli(tmp_path, "dev").columns["label"] == [1, 0]
+
+
+@requires_data
+def test_bench_cosent_vs_ce_runs_every_system_and_prints_mean_std(tiny_model_dir):
+    from embforge.bench.cosent_vs_ce import BenchConfig, run_benchmark
+
+    config = BenchConfig(
+        model=str(tiny_model_dir),
+        datasets=["stsb", "mrpc"],
+        systems=["cross-ce", "bi-softmax"],  # the two with special cases for graded labels
+        seeds=[0, 1],
+        train_size=24,
+        dev_size=40,
+        test_size=40,
+        batch_size=8,
+        max_seq_length=32,
+    )
+    result = run_benchmark(config, echo=False)
+    assert len(result["runs"]) == 2 * 2 * 2
+    assert all("accuracy" in r for r in result["runs"] if r["dataset"] == "mrpc")
+    assert not any("accuracy" in r for r in result["runs"] if r["dataset"] == "stsb")
+    tables = result["tables"]
+    assert "| system | stsb | mrpc | avg |" in tables and "| system | mrpc | avg |" in tables
+    assert tables.count("±") == 2 * 3 + 2 * 2
+    assert result["rows"]["mrpc"]["train"] == "24/3646"

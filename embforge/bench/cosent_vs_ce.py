@@ -270,7 +270,9 @@ def run_benchmark(config: BenchConfig, *, echo: bool = True) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     sizes: dict[str, dict[str, str]] = {}
     results_file = Path(config.results) if config.results else None
-    with tempfile.TemporaryDirectory(prefix="embforge-bench-") as tmp:
+    # checkpoints written by train() are thrown away at once: keep them in memory when the OS offers a tmpfs
+    scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="embforge-bench-", dir=scratch) as tmp:
         for name in config.datasets:
             splits = load_splits(name, config)
             sizes[name] = {s: f"{len(splits[s])}/{splits['full'][s]}" for s in ("train", "dev", "test")}
