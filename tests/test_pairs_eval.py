@@ -84,3 +84,22 @@ def test_rerank_metrics_by_hand():
     assert result["map"] == pytest.approx(100 / 3)
     groups, qrels = group_candidates(_data(rows), positives_only=False)
     assert len(groups) == 2 and sum(qrels["q0"].values()) == 1
+
+
+def test_two_stage_reranks_the_bi_encoder_top_k(tiny_encoder):
+    from embforge.two_stage import evaluate_two_stage, retrieve_and_rerank
+
+    ce = make_cross_encoder()
+    corpus = [b for _, b in PAIRS] + ["a red car drives on the road", "the bank money falls"]
+    queries = ["a man plays the guitar", "oil price rises"]
+    first, second = retrieve_and_rerank(tiny_encoder, ce, queries, corpus, top_k=3)
+    q = tiny_encoder.encode(queries, normalize=True)
+    c = tiny_encoder.encode(corpus, normalize=True)
+    for i in range(2):
+        assert [d for d, _ in first[i]] == list(np.argsort(-(q[i] @ c.T), kind="stable")[:3])
+        rescored = ce.predict([(queries[i], corpus[d]) for d, _ in first[i]], activation=False)
+        assert [d for d, _ in second[i]] == [first[i][j][0] for j in np.argsort(-rescored, kind="stable")]
+    rows = [(queries[0], d, int(i == 0)) for i, d in enumerate(corpus)]
+    result = evaluate_two_stage(tiny_encoder, ce, _data(rows), top_k=3)
+    assert result["queries"] == 1 and result["corpus"] == len(corpus)
+    assert {"bi_mrr@10", "reranked_mrr@10", "bi_recall@3"} <= set(result)
