@@ -285,3 +285,22 @@ def test_onnx_backend_serves_the_same_vectors_as_its_encode(tiny_model_dir: Path
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
     np.testing.assert_allclose(got, model.encode(TEXTS, dim=16), atol=1e-5)
     np.testing.assert_allclose(got, Encoder.load(tiny_model_dir).encode(TEXTS, dim=16), atol=1e-5)
+
+
+def test_a_failing_model_call_gives_a_json_500_and_the_server_keeps_serving(tiny_encoder):
+    from fastapi.testclient import TestClient
+
+    from embforge.serve.app import create_app
+
+    original = tiny_encoder.embed_ids
+
+    def flaky(ids, **kwargs):
+        if len(ids) == 3:
+            raise RuntimeError("out of memory")
+        return original(ids, **kwargs)
+
+    tiny_encoder.embed_ids = flaky
+    with TestClient(create_app(tiny_encoder), raise_server_exceptions=False) as client:
+        failed = client.post("/v1/embeddings", json={"input": TEXTS[:3]})
+        assert failed.status_code == 500 and "out of memory" in failed.json()["error"]["message"]
+        assert client.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200

@@ -161,6 +161,11 @@ def create_app(
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
         return JSONResponse(error_body(err.message, err.param, err.kind), status_code=err.status)
 
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, err: Exception) -> JSONResponse:
+        message = f"internal error while serving {request.url.path}: {type(err).__name__}: {err}"
+        return JSONResponse(error_body(message, None, "server_error"), status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         message, param = validation_message(err.errors())

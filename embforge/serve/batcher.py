@@ -51,6 +51,7 @@ class MicroBatcher:
         self._queue: asyncio.Queue[_Job] | None = None
         self._carry: _Job | None = None
         self._task: asyncio.Task | None = None
+        self._busy = False
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="embforge-model"
         )
@@ -63,13 +64,18 @@ class MicroBatcher:
     async def stop(self) -> None:
         """Finish the queued requests, then stop the worker and its thread."""
         if self._queue is not None:
-            while not self._queue.empty() or self._carry is not None:
+            while (
+                not self._queue.empty() or self._carry is not None or self._busy
+            ) and not self._task_done():
                 await asyncio.sleep(0.005)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._executor.shutdown(wait=True)
+
+    def _task_done(self) -> bool:
+        return self._task is None or self._task.done()
 
     async def submit(self, items: Sequence[Any]) -> Any:
         """Queue ``items`` and wait for their rows of the model output."""
@@ -116,21 +122,25 @@ class MicroBatcher:
             if not jobs:
                 continue
             items = [item for job in jobs for item in job.items]
+            self._busy = True
             try:
                 result = await loop.run_in_executor(self._executor, self.fn, items)
+                parts, start = [], 0
+                for job in jobs:
+                    parts.append(_slice(result, start, start + len(job.items)))
+                    start += len(job.items)
             except Exception as err:  # the model failed: every request of this batch gets the error
                 for job in jobs:
                     if not job.future.done():
                         job.future.set_exception(err)
                 continue
+            finally:
+                self._busy = False
             if self.on_batch is not None:
                 self.on_batch(len(items))
-            start = 0
-            for job in jobs:
-                end = start + len(job.items)
+            for job, part in zip(jobs, parts):
                 if not job.future.done():
-                    job.future.set_result(_slice(result, start, end))
-                start = end
+                    job.future.set_result(part)
 
 
 def _slice(result: Any, start: int, end: int) -> Any:
