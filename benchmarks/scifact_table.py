@@ -59,7 +59,8 @@ def main():
         "ance": {"num_negatives": 1, "method": "dense", "refresh_every": args.refresh_every},
     }
     print(
-        f"dev: {len(dev.query_ids)} queries, {len(dev.doc_ids)} documents; train: {len(train_data.query_ids)} queries"
+        f"dev: {len(dev.query_ids)} queries, {len(dev.doc_ids)} documents; "
+        f"train: {len(train_data.query_ids)} queries, mining corpus {len(train_data.doc_ids)} documents"
     )
     print("| model | NDCG@10 | Recall@100 | train s | refresh stall s |")
     print("|---|---|---|---|---|")
