@@ -143,3 +143,17 @@ def test_minilm_banking77_subset_classification_and_clustering():
     assert result["accuracy"] > 50  # MTEB reports ~80 with the full train set
     clusters = evaluate_clustering(model, test, seeds=1)
     assert clusters["v_measure"] > 50
+
+
+def test_cli_matryoshka_prints_table_and_saves_plot(tiny_model_dir, sts_csv, tmp_path, capsys):
+    plot = tmp_path / "m.png"
+    args = ["eval", "matryoshka", "--model", str(tiny_model_dir), "--task", "sts", "--data", str(sts_csv)]
+    args += ["--columns", "0=sentence1,1=sentence2,2=score", "--dims", "8,16", "--plot", str(plot)]
+    assert main(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert sorted(result["scores"], key=int) == ["8", "16", "32"] and result["retained"][
+        "32"
+    ] == pytest.approx(1.0)
+    assert any(line.startswith("| 16 |") for line in out)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
