@@ -304,3 +304,27 @@ def test_a_failing_model_call_gives_a_json_500_and_the_server_keeps_serving(tiny
         failed = client.post("/v1/embeddings", json={"input": TEXTS[:3]})
         assert failed.status_code == 500 and "out of memory" in failed.json()["error"]["message"]
         assert client.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
+
+
+def test_cli_serve_passes_its_options_to_the_server(monkeypatch: pytest.MonkeyPatch):
+    import embforge.serve.runner as runner
+    from embforge.cli import main
+
+    seen: dict = {}
+    monkeypatch.setattr(runner, "serve", lambda model, **kwargs: seen.update(model=model, **kwargs))
+    argv = [
+        "serve",
+        "--model",
+        "m",
+        "--index",
+        "idx",
+        "--index-kind",
+        "qdrant",
+        "--qdrant-url",
+        "http://q:6333",
+    ]
+    assert main([*argv, "--api-key", "k", "--max-batch-size", "8", "--truncate"]) == 0
+    assert seen["model"] == "m" and seen["index_kind"] == "qdrant" and seen["qdrant_url"] == "http://q:6333"
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8080
+    config = seen["config"]
+    assert (config.api_key, config.max_batch_size, config.truncate) == ("k", 8, True)

@@ -27,6 +27,11 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--backend", choices=("torch", "onnx"), default="torch", help="onnx: --model is an export"
     )
+    parser.add_argument(
+        "--qdrant-url",
+        default=None,
+        help="with --index-kind qdrant: a Qdrant server (scale-out; API key from env QDRANT_API_KEY)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
