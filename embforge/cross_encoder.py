@@ -282,6 +282,9 @@ class CrossEncoder(nn.Module):
         root.mkdir(parents=True, exist_ok=True)
         self.model.config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}
         self.model.save_pretrained(root, safe_serialization=True)
+        self.tokenizer.model_max_length = (
+            self.max_seq_length
+        )  # sentence-transformers truncates pairs at this length
         self.tokenizer.save_pretrained(root)
         config = {
             "model_type": "CrossEncoder",
