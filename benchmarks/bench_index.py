@@ -98,7 +98,7 @@ def main():
         from embforge.retrieval.encode import load_encoded
 
         _, emb = load_encoded(args.embeddings)
-        emb = np.asarray(emb, dtype=np.float32)
+        emb = np.array(emb, dtype=np.float32)  # a writable copy of the memory map
         emb /= np.linalg.norm(emb, axis=1, keepdims=True)
         held = np.random.default_rng(0).permutation(len(emb))
         queries, corpus = emb[held[: args.queries]], emb[np.sort(held[args.queries :])]
