@@ -159,7 +159,8 @@ class CrossEncoder(nn.Module):
             pairs: ``(text_a, text_b)`` tuples (or one tuple).
             batch_size: Pairs per forward pass; pairs are sorted by token length first so batches pad little.
             max_tokens: Instead of a fixed ``batch_size``, cut the length-sorted pairs into chunks of at most
-                this many padded tokens (``None``: 512 on CPU, where it is faster, else fixed batches).
+                this many padded tokens. ``None`` (default): fixed batches of length-sorted pairs (on a busy 2-core
+                CPU, 512-token chunks measured 2x slower than batches of 32 for all-MiniLM-L6-v2 on MRPC).
             activation: Apply the model's activation (sigmoid for one label) like sentence-transformers does;
                 ``False`` returns raw logits.
             show_progress: Progress bar; ``None`` shows it for long inputs on a terminal.
@@ -177,8 +178,6 @@ class CrossEncoder(nn.Module):
         self.eval()
         items = self.tokenize_ids([a for a, _ in batch], [b for _, b in batch])
         order = sort_by_length([ids for ids, _ in items])
-        if max_tokens is None and self.device.type == "cpu":
-            max_tokens = 512
         if max_tokens is not None:
             chunks = [
                 [order[i] for i in chunk]
