@@ -51,6 +51,7 @@ def main() -> None:
     from embforge.encoder import Encoder
     from embforge.export import export_onnx
     from embforge.models import resolve_model_path
+    from embforge.onnx_backend import OnnxEncoder
     from embforge.paths import data_root
 
     data = read_table(
@@ -64,9 +65,11 @@ def main() -> None:
         print(f"exported to {export_dir}: parity {report['parity']}")
 
     bs = args.batch_size
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch_model = Encoder.load(path)
-    fp32 = Encoder.load(export_dir / "model.onnx", backend="onnx")
-    int8 = Encoder.load(export_dir / "model_int8.onnx", backend="onnx")
+    fp32 = OnnxEncoder.load(export_dir / "model.onnx", threads=args.threads)
+    int8 = OnnxEncoder.load(export_dir / "model_int8.onnx", threads=args.threads)
     peer = SentenceTransformer(str(path), device="cpu")
     runners = {
         "sentence-transformers": lambda t: peer.encode(t, batch_size=bs, convert_to_numpy=True),
@@ -93,7 +96,8 @@ def main() -> None:
     peer_rate = len(sentences) / statistics.median(times["sentence-transformers"])
     print(
         f"\n{len(sentences)} unique STS-B test sentences, batch {bs}, {args.rounds} interleaved rounds, "
-        f"torch threads {torch.get_num_threads()}, CPU cores {os.cpu_count()}"
+        f"torch threads {torch.get_num_threads()}, onnxruntime threads {args.threads or 'default'}, "
+        f"CPU cores {os.cpu_count()}"
     )
     print("| runner | sentences/s (median) | vs sentence-transformers | STS-B test Spearman |")
     print("|---|---:|---:|---:|")

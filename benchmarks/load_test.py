@@ -32,7 +32,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str, backend: str, batch: int, wait_ms: float) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: str, backend: str, batch: int, wait_ms: float, threads: int | None
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
         sys.executable,
@@ -53,6 +55,9 @@ def start_server(model: str, backend: str, batch: int, wait_ms: float) -> tuple[
         str(wait_ms),
         "--log-level",
         "warning",
+        "--timeout",
+        "300",
+        *(["--threads", str(threads)] if threads else []),
     ]
     proc = subprocess.Popen(cmd)
     return proc, f"http://{HOST}:{port}"
@@ -135,8 +140,8 @@ def main() -> None:
     )
     sentences = list(dict.fromkeys(data.columns["sentence1"] + data.columns["sentence2"]))
     servers = {
-        "micro-batching (64, 5 ms)": start_server(args.model, args.backend, 64, 5),
-        "batch size 1": start_server(args.model, args.backend, 1, 0),
+        "micro-batching (64, 5 ms)": start_server(args.model, args.backend, 64, 5, args.threads),
+        "batch size 1": start_server(args.model, args.backend, 1, 0, args.threads),
     }
     try:
         for proc, url in servers.values():

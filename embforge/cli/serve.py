@@ -51,6 +51,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a request may wait for the model"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of the model (default: torch/onnxruntime's own)",
+    )
     parser.add_argument("--log-level", default="info")
     parser.set_defaults(func=run_serve)
 
@@ -81,5 +87,6 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         port=args.port,
         config=config,
         log_level=args.log_level,
+        threads=args.threads,
     )
     return {"stopped": True, "host": args.host, "port": args.port}

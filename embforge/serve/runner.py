@@ -22,6 +22,10 @@ def load_encoder(model: str, *, backend: str = "torch", threads: int | None = No
         raise ValueError(f"--backend must be 'torch' or 'onnx', got {backend!r}")
     from embforge.encoder import Encoder
 
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     return Encoder.load(model)
 
 
@@ -50,11 +54,14 @@ def serve(
     config: ServeConfig | None = None,
     graceful_timeout_s: float = 30.0,
     log_level: str = "info",
+    threads: int | None = None,
 ) -> None:
     """Load the models, build the app and serve it until SIGINT/SIGTERM.
 
     On shutdown uvicorn stops accepting connections, waits up to ``graceful_timeout_s`` for in-flight requests,
-    then the app's lifespan drains the batch queues and saves the index.
+    then the app's lifespan drains the batch queues and saves the index. ``threads`` caps the model's CPU
+    threads (torch intra-op or onnxruntime intra-op); on a busy or shared CPU, fewer threads than cores avoids
+    the slowdown of spinning thread pools competing for cores.
     """
     uvicorn = require("uvicorn")
     from embforge.serve.app import create_app
@@ -63,8 +70,8 @@ def serve(
     cfg = config or ServeConfig()
     if cfg.api_key is None and os.environ.get(API_KEY_ENV):
         cfg.api_key = os.environ[API_KEY_ENV]
-    encoder = load_encoder(model, backend=backend)
-    scorer = load_reranker(reranker) if reranker else None
+    encoder = load_encoder(model, backend=backend, threads=threads)
+    scorer = load_reranker(reranker, threads=threads) if reranker else None
     store = (
         DocumentStore.open(index, dim=int(encoder.dim), index=index_kind, qdrant_url=qdrant_url)
         if index
