@@ -39,6 +39,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch and onnxruntime")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
         "--export-dir", default=None, help="reuse an export (default: export to a temp folder)"

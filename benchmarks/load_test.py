@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--requests", type=int, default=300, help="requests per measurement")
+    parser.add_argument("--threads", type=int, default=None, help="model CPU threads of both servers")
     parser.add_argument("--max-seconds", type=float, default=30, help="time limit per measurement")
     parser.add_argument(
         "--repeats", type=int, default=2, help="alternating measurements per server and level"
