@@ -35,7 +35,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--retrieval-eval-split", "retrieval_eval_split", str, "split evaluated (NDCG@10) during training"),
     ("--num-negatives", "num_negatives", int, "mined negatives per row, 0 = in-batch only (default 1)"),
     ("--mine-method", "mine_method", str, "dense, bm25 or hybrid (default dense)"),
-    ("--refresh-negatives-every", "refresh_negatives_every", int, "re-mine with the current model every N steps"),
+    ("--refresh-negatives-every", "refresh_negatives_every", int, "re-mine with current model every N steps"),
     ("--hard-ratio-start", "hard_ratio_start", float, "hard-negative ratio at the start (default 0.3)"),
     ("--hard-ratio-end", "hard_ratio_end", float, "hard-negative ratio at the end (default 0.9)"),
 ]
