@@ -96,26 +96,29 @@ class EvalSets:
         mrpc = load_mrpc("test")
         self.mrpc = mrpc.subset(sorted(rng.choice(len(mrpc), mrpc_pairs, replace=False).tolist()))
 
-    def run(self, model, *, matryoshka: bool = False) -> dict:
+    def run(self, model, *, matryoshka: bool = False, only_banking: bool = False) -> dict:
         from sklearn.metrics import average_precision_score
 
         scores: dict = {}
         started = time.perf_counter()
-        dims = DIMS if matryoshka else [model.dim]
+        dims = [] if only_banking else DIMS if matryoshka else [model.dim]
         cache: dict = {}
         by_dim: dict = {"retrieval": {}, "sts": {}}
         for d in dims:
             view = TruncatedModel(model, d, cache)
             by_dim["retrieval"][d] = evaluate_retrieval(view, self.scifact, metrics=["ndcg@10"])["ndcg@10"]
             by_dim["sts"][d] = evaluate_sts(view, self.stsb)["spearman"]
-        scores["retrieval"] = by_dim["retrieval"][model.dim]
-        scores["sts"] = by_dim["sts"][model.dim]
+        if not only_banking:
+            scores["retrieval"] = by_dim["retrieval"][model.dim]
+            scores["sts"] = by_dim["sts"][model.dim]
         if matryoshka:
             scores["by_dim"] = by_dim
         scores["classification"] = evaluate_classification(model, self.banking_train, self.banking_test)[
             "accuracy"
         ]
         scores["clustering"] = evaluate_clustering(model, self.banking_test, seeds=3)["v_measure"]
+        if only_banking:
+            return scores
         a = model.encode(self.mrpc.columns["sentence1"], normalize=True)
         b = model.encode(self.mrpc.columns["sentence2"], normalize=True)
         scores["pairs"] = 100 * float(average_precision_score(self.mrpc.labels(), (a * b).sum(1)))
@@ -198,9 +201,12 @@ def run(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         model, summary = train_model(name, args)
         trained = time.perf_counter() - started
-        scores = sets.run(model, matryoshka=name.startswith("multitask") or name == "three-stage")
+        matryoshka = name.startswith("multitask") or name == "three-stage"
+        scores = sets.run(
+            model, matryoshka=matryoshka and not args.banking_only, only_banking=args.banking_only
+        )
         record = {"model": name, "steps": summary.get("steps", 0), "train_seconds": trained, **scores}
-        with (out / "results.jsonl").open("a") as handle:
+        with (out / ("banking.jsonl" if args.banking_only else "results.jsonl")).open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         print(json.dumps(record), flush=True)
 
@@ -258,6 +264,9 @@ def main() -> None:
     parser.add_argument("--pipeline", default="embforge/configs/three_stage.toml")
     parser.add_argument("--out", default="runs/bench-multitask")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument(
+        "--banking-only", action="store_true", help="evaluate Banking77 only (loss comparisons)"
+    )
     args = parser.parse_args()
     report(args) if args.report else run(args)
 
