@@ -63,6 +63,19 @@ def start_server(
     return proc, f"http://{HOST}:{port}"
 
 
+def batch_stats(url: str) -> tuple[float, float]:
+    """(model calls, items) so far, from the server's Prometheus text."""
+    import httpx
+
+    calls = items = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('embforge_batch_size_count{model="embedding"}'):
+            calls = float(line.split()[-1])
+        elif line.startswith('embforge_batch_size_sum{model="embedding"}'):
+            items = float(line.split()[-1])
+    return calls, items
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     import httpx
 
@@ -155,13 +168,15 @@ def main() -> None:
         for level in levels:
             for rep in range(args.repeats):
                 for name in names if rep % 2 == 0 else names[::-1]:
-                    res = asyncio.run(
-                        run_load(servers[name][1], sentences, level, args.requests, args.max_seconds)
-                    )
+                    url = servers[name][1]
+                    calls0, items0 = batch_stats(url)
+                    res = asyncio.run(run_load(url, sentences, level, args.requests, args.max_seconds))
+                    calls1, items1 = batch_stats(url)
+                    res["mean_batch"] = (items1 - items0) / max(1.0, calls1 - calls0)
                     results.setdefault((name, level), []).append(res)
                     print(
                         f"{name:28s} clients={level:3d} {res['rps']:7.1f} req/s p50 {res['p50_ms']:.1f} ms "
-                        f"p99 {res['p99_ms']:.1f} ms errors {res['errors']}",
+                        f"p99 {res['p99_ms']:.1f} ms errors {res['errors']} mean batch {res['mean_batch']:.1f}",
                         flush=True,
                     )
     finally:
