@@ -20,6 +20,8 @@ _EXTRAS = {
     "datasets": "mteb",
     "pyarrow": "parquet",
     "pyarrow.parquet": "parquet",
+    "qdrant_client": "qdrant",
+    "mteb": "mteb",
 }
 
 
