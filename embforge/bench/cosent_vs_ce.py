@@ -230,8 +230,9 @@ def _cell(values: list[float]) -> str:
 
     if not values:
         return "—"
-    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return f"{np.mean(values):.2f} ± {std:.2f}"
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1 seed)"
+    return f"{np.mean(values):.2f} ± {float(np.std(values, ddof=1)):.2f}"
 
 
 def format_tables(runs: list[dict[str, Any]], config: BenchConfig) -> str:
