@@ -165,7 +165,7 @@ def train_model(name: str, args: argparse.Namespace) -> tuple[Encoder, dict]:
 
         pipeline = load_pipeline(args.pipeline)
         summary = run_pipeline(pipeline, output=str(Path(args.out) / name), model=model)
-        return model, summary
+        return model, {**summary, "steps": sum(s["steps"] for s in summary["stages"])}
     tasks = training_tasks(
         model.dim, matryoshka=name.endswith("-mrl"), cluster_loss="supcon" if "supcon" in name else "cluster"
     )
@@ -216,6 +216,10 @@ def report(args: argparse.Namespace) -> None:
     for line in (Path(args.out) / "results.jsonl").read_text().splitlines():
         record = json.loads(line)
         records[record["model"]] = record  # the last run of a model wins
+    for name, record in records.items():  # pipelines: steps summed over the stages
+        stages = sorted((Path(args.out) / name).glob("stage-*/stage_done.json"))
+        if stages and not record["steps"]:
+            record["steps"] = "+".join(str(json.loads(p.read_text())["steps"]) for p in stages)
     head = "| model | steps | " + " | ".join(c for _, c in COLUMNS) + " | average |"
     print(head + "\n|---|---:|" + "---:|" * (len(COLUMNS) + 1))
     for name, r in records.items():
