@@ -16,7 +16,6 @@ _EXTRAS = {
     "httpx": "serve",
     "sklearn": "eval",
     "matplotlib": "eval",
-    "mteb": "mteb",
     "datasets": "mteb",
     "pyarrow": "parquet",
     "pyarrow.parquet": "parquet",
