@@ -131,6 +131,16 @@ def _linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
+def _prepare(model: Any, tasks: list[Task], config: TrainConfig) -> tuple[list[Any], list[int], Any, Any]:
+    """Tokenise the tasks and derive what the batch plan needs: sizes, lengths, distinct-text keys."""
+    prepared = [model.prepare_task(task) for task in tasks]
+    sizes = [len(t.data) for t in tasks]
+    lengths = [p.lengths for p in prepared] if config.group_by_length else None
+    # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
+    distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
+    return prepared, sizes, lengths, distinct
+
+
 def train(
     model: Any,
     tasks: list[Task],
@@ -162,12 +172,8 @@ def train(
     seed_everything(config.seed)
     model.to(device)
     losses = nn.ModuleList([t.loss for t in tasks]).to(device)
-    prepared = [model.prepare_task(task) for task in tasks]
-    sizes = [len(t.data) for t in tasks]
+    prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
     weights = [t.weight for t in tasks]
-    lengths = [p.lengths for p in prepared] if config.group_by_length else None
-    # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
-    distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
     dynamic = (
         DynamicWeights(
             weights,
@@ -308,10 +314,8 @@ def train(
             on_step(step)
         fresh = refresher(step, model) if refresher is not None else None
         if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
-            tasks, prepared = fresh, [model.prepare_task(task) for task in fresh]
-            sizes = [len(t.data) for t in tasks]
-            lengths = [p.lengths for p in prepared] if config.group_by_length else None
-            distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
+            tasks = fresh
+            prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
             plan = plan_for(progress["epoch"])
             model.train()
     bar.close()
