@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from embforge.batching import pad_ids, sort_by_length, token_budget_chunks
 from embforge.models import load_backbone, resolve_model_path
 from embforge.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
+from embforge.tokenizing import PromptTokenizing
 
 if TYPE_CHECKING:
     from embforge.onnx_backend import OnnxEncoder
@@ -31,7 +32,7 @@ ST_POOLING = "sentence_transformers.models.Pooling"
 ST_NORMALIZE = "sentence_transformers.models.Normalize"
 
 
-class Encoder(nn.Module):
+class Encoder(PromptTokenizing, nn.Module):
     """A bi-encoder: texts -> fixed-size vectors.
 
     Example:
@@ -72,32 +73,6 @@ class Encoder(nn.Module):
         return int(self.backbone.config.hidden_size)
 
     # ------------------------------------------------------------------ tokenisation and forward
-    def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
-        """The prefix to put before every text: an explicit ``prompt``, a named one, or the default."""
-        if prompt is not None:
-            return prompt
-        name = prompt_name if prompt_name is not None else self.default_prompt_name
-        if name is None:
-            return ""
-        if name not in self.prompts:
-            known = ", ".join(sorted(self.prompts)) or "none"
-            raise KeyError(f"unknown prompt name {name!r}; this model has: {known}")
-        return self.prompts[name]
-
-    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
-        """Token ids of each text (with special tokens, truncated to ``max_seq_length``, not padded)."""
-        if prefix:
-            texts = [prefix + t for t in texts]
-        out = self.tokenizer(
-            list(texts),
-            truncation=True,
-            max_length=self.max_seq_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )
-        return out["input_ids"]
-
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Embed one padded batch: ``(batch, seq)`` ids and mask -> ``(batch, dim)`` float embeddings."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -127,11 +102,6 @@ class Encoder(nn.Module):
         from embforge.tasks import PreparedEmbeddingTask
 
         return PreparedEmbeddingTask(task, self)
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return int(pad) if pad is not None else 0
 
     # ------------------------------------------------------------------ inference
     @torch.inference_mode()

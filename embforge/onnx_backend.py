@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from embforge._optional import require
 from embforge.batching import sort_by_length
+from embforge.tokenizing import PromptTokenizing
 
 META_FILE = "embforge_onnx.json"
 
@@ -79,7 +80,7 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-class OnnxEncoder:
+class OnnxEncoder(PromptTokenizing):
     """A bi-encoder running an exported graph: texts -> vectors, same ``encode()`` as :class:`Encoder`."""
 
     def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:
@@ -125,37 +126,6 @@ class OnnxEncoder:
     @property
     def dim(self) -> int:
         return int(self.meta["dim"])
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return int(pad) if pad is not None else 0
-
-    def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
-        """The prefix to put before every text (same rules as :meth:`Encoder.prompt_text`)."""
-        if prompt is not None:
-            return prompt
-        name = prompt_name if prompt_name is not None else self.default_prompt_name
-        if name is None:
-            return ""
-        if name not in self.prompts:
-            known = ", ".join(sorted(self.prompts)) or "none"
-            raise KeyError(f"unknown prompt name {name!r}; this model has: {known}")
-        return self.prompts[name]
-
-    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
-        """Token ids of each text (with special tokens, truncated to ``max_seq_length``, not padded)."""
-        if prefix:
-            texts = [prefix + t for t in texts]
-        out = self.tokenizer(
-            list(texts),
-            truncation=True,
-            max_length=self.max_seq_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )
-        return out["input_ids"]
 
     def run_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One graph call on a list of token-id lists (padded together): ``(n, dim)`` float32."""

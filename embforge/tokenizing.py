@@ -1,0 +1,46 @@
+"""Prompts and tokenisation shared by every bi-encoder runtime (PyTorch :class:`Encoder`, ONNX encoder)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class PromptTokenizing:
+    """Mixin: needs ``tokenizer``, ``max_seq_length``, ``prompts`` and ``default_prompt_name`` attributes."""
+
+    tokenizer: Any
+    max_seq_length: int
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+
+    def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+        """The prefix to put before every text: an explicit ``prompt``, a named one, or the default."""
+        if prompt is not None:
+            return prompt
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise KeyError(f"unknown prompt name {name!r}; this model has: {known}")
+        return self.prompts[name]
+
+    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
+        """Token ids of each text (with special tokens, truncated to ``max_seq_length``, not padded)."""
+        if prefix:
+            texts = [prefix + t for t in texts]
+        out = self.tokenizer(
+            list(texts),
+            truncation=True,
+            max_length=self.max_seq_length,
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return out["input_ids"]
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return int(pad) if pad is not None else 0
