@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from embforge.batching import sort_by_length, token_budget_chunks
 from embforge.models import resolve_model_path
+from embforge.packing import pack, packed_logits, supports_packed_classifier
 
 # activation applied by predict() -> sentence-transformers' name for it
 _ACTIVATIONS = {
@@ -128,6 +129,14 @@ class CrossEncoder(nn.Module):
         Pairs are sorted by length and cut into chunks of at most ``max_tokens`` padded tokens: each pair's
         logits are what one big padded forward would give, with less padding work.
         """
+        if supports_packed_classifier(self.model):  # padding-free BERT forward (embforge/packing.py)
+            batch = pack(
+                [ids for ids, _ in items],
+                max_tokens=max_tokens,
+                token_type_ids=[types for _, types in items],
+                device=self.device,
+            )
+            return packed_logits(self.model, batch).float()[batch.inverse]
         order = sort_by_length([ids for ids, _ in items])
         parts = [
             self(*self.pad([items[order[i]] for i in chunk]))

@@ -1,0 +1,100 @@
+"""The padding-free BERT forward equals the padded Hugging Face forward: values, gradients, order, heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from embforge.batching import pad_ids
+from embforge.packing import pack, packed_hidden, pool_packed, supports_packed_classifier, supports_packing
+from embforge.pooling import pool
+from tests.test_cross_losses import PAIRS, make_cross_encoder
+
+TEXTS = [
+    "the cat sat on the mat",
+    "dog",
+    "a man is playing a guitar on the stage tonight",
+    "a woman eats",
+    "dog",
+    "stock market rises as oil price falls",
+]
+
+
+def without_dropout(module: torch.nn.Module) -> None:
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Dropout):
+            sub.p = 0.0
+    for layer in getattr(getattr(module, "encoder", None), "layer", []):
+        layer.attention.self.dropout.p = 0.0
+
+
+def grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max", "lasttoken"])
+@pytest.mark.parametrize("max_tokens", [8, 30, 4096])
+def test_packed_forward_and_gradients_equal_the_padded_forward(tiny_encoder, mode, max_tokens):
+    backbone = tiny_encoder.backbone
+    assert supports_packing(backbone)
+    backbone.train()
+    without_dropout(backbone)
+    ids = tiny_encoder.tokenize_ids(TEXTS)
+    input_ids, mask = pad_ids(ids, tiny_encoder.pad_token_id)
+    weights = torch.randn(len(TEXTS), backbone.config.hidden_size)
+
+    padded = pool(backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state, mask, mode)
+    (padded * weights).sum().backward()
+    expected = grads(backbone)
+    backbone.zero_grad()
+
+    batch = pack(ids, max_tokens=max_tokens)
+    packed = pool_packed(packed_hidden(backbone, batch), batch, mode)[batch.inverse]
+    (packed * weights).sum().backward()
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+    got = grads(backbone)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_encoder_embed_ids_uses_the_packed_path_with_identical_results(tiny_encoder, monkeypatch):
+    import embforge.encoder as encoder_module
+
+    tiny_encoder.eval()
+    ids = tiny_encoder.tokenize_ids(TEXTS)
+    packed = tiny_encoder.embed_ids(ids, max_tokens=16)
+    monkeypatch.setattr(encoder_module, "supports_packing", lambda backbone: False)
+    padded = tiny_encoder.embed_ids(ids, max_tokens=16)
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+    single = torch.cat([tiny_encoder.embed_ids([seq]) for seq in ids])
+    torch.testing.assert_close(packed, single, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_cross_encoder_logits_equal_the_padded_model():
+    ce = make_cross_encoder()
+    assert supports_packed_classifier(ce.model)
+    ce.eval()
+    items = ce.tokenize_ids([a for a, _ in PAIRS], [b for _, b in PAIRS])
+    packed = ce.score_ids(items, max_tokens=24)
+    expected = torch.cat([ce(*ce.pad([item])) for item in items])
+    torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pack_plans_length_sorted_blocks_within_the_budget():
+    ids = [[1] * n for n in (3, 7, 7, 2, 5)]
+    batch = pack(ids, max_tokens=14)
+    assert batch.lengths.tolist() == [7, 7, 5, 3, 2]
+    assert [(g.texts, g.width) for g in batch.groups] == [(2, 7), (2, 5), (1, 2)]
+    assert batch.groups[0].slots is None  # equal lengths: no padding, no mask
+    assert batch.offsets.tolist() == [0, 7, 14, 19, 22]
+    assert batch.inverse.tolist() == [3, 0, 1, 4, 2]
+    with pytest.raises(ValueError, match="empty"):
+        pack([[1], []], max_tokens=8)
+
+
+def test_other_architectures_are_not_packed():
+    from transformers import DistilBertConfig, DistilBertModel
+
+    model = DistilBertModel(DistilBertConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, hidden_dim=64))
+    assert not supports_packing(model)
