@@ -14,6 +14,7 @@ _EXTRAS = {
     "fastapi": "serve",
     "uvicorn": "serve",
     "httpx": "serve",
+    "orjson": "serve",
     "sklearn": "eval",
     "matplotlib": "eval",
     "datasets": "mteb",

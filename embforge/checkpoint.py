@@ -136,5 +136,9 @@ def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tens
     """Read a checkpoint's trainer state (no unpickling of arbitrary objects), loss weights and progress."""
     state = torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu")
     losses = load_file(str(path / "losses.safetensors"))
-    progress = json.loads((path / "progress.json").read_text())
-    return state, losses, progress
+    return state, losses, read_progress(path)
+
+
+def read_progress(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``progress`` dict (step, epoch, data position, ... as the trainer saved it)."""
+    return json.loads((Path(path) / "progress.json").read_text())

@@ -88,7 +88,7 @@ class Encoder(PromptTokenizing, nn.Module):
         Either way each text's embedding is what a single padded forward would give (attention never crosses
         texts); only padding work is saved.
         """
-        if supports_packing(self.backbone):  # padding-free: same values, a third less work (embforge/packing.py)
+        if supports_packing(self.backbone):  # padding-free: same values, less work (embforge/packing.py)
             batch = pack(ids, max_tokens=max_tokens, device=self.device)
             emb = pool_packed(packed_hidden(self.backbone, batch), batch, self.pooling).float()
             emb = F.normalize(emb, p=2, dim=-1) if self.normalize else emb

@@ -4,12 +4,17 @@ For each query the miner ranks corpus candidates, then removes, in this order (a
 
 1. **known positives** — every document judged relevant for the query is never a negative (nor is a corpus
    entry whose text equals a positive in pairs mode, where documents are texts);
+   then, with a ``rescorer`` (a one-label :class:`~embforge.cross_encoder.CrossEncoder`), the first
+   ``rescore_depth`` remaining candidates of each query and every known positive are scored by the cross-encoder
+   (with its activation: sigmoid scores in (0, 1)), the candidates are re-ranked by that score and the filters
+   below use it instead of the retriever's — a cross-encoder is a far better judge of an unlabelled positive;
 2. **relative margin** ``m`` — candidates scoring above ``s⁺ − |s⁺|·m`` (``(1 − m)·s⁺`` for positive scores)
    where ``s⁺`` is the query's lowest positive score: near-duplicates of a positive are likely unlabelled positives;
 3. **absolute margin** ``a`` — candidates scoring above ``s⁺ − a``; **max_score** — candidates above a score;
 4. **skip_top** ``r`` — the first ``r`` surviving candidates are skipped.
 
-Margins use the dense cosine score for ``dense`` and ``hybrid`` mining and the BM25 score for ``bm25``. Then
+Without a rescorer, margins use the dense cosine score for ``dense`` and ``hybrid`` mining and the BM25 score
+for ``bm25``. Then
 ``round(hard_ratio · n)`` negatives are taken from the survivors (the best ones, or a random sample with
 ``sampling="random"``) and the rest drawn uniformly from the whole corpus (never a known positive). This matches
 sentence-transformers' ``mine_hard_negatives`` (``range_min`` = ``skip_top``, ``range_max`` = ``depth``) when
@@ -20,6 +25,10 @@ Example:
     >>> rows = mine(model, data, MiningConfig(method="dense", num_negatives=3,
     ...                                       relative_margin=0.05))  # doctest: +SKIP
     >>> write_jsonl(rows, "triplets.jsonl")  # doctest: +SKIP
+    >>> from embforge.cross_encoder import CrossEncoder
+    >>> reranker = CrossEncoder.load("my-reranker")  # doctest: +SKIP
+    >>> rows = mine(model, data, MiningConfig(method="bm25", relative_margin=0.1, rescore_depth=50),
+    ...             rescorer=reranker)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,13 +45,17 @@ from embforge._optional import require
 from embforge.data import Dataset
 from embforge.retrieval.data import RetrievalData
 
+if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
+
 METHODS = ("dense", "bm25", "hybrid")
 
 
 @dataclass
 class MiningConfig:
     """How to mine. ``depth=None`` means ``skip_top + 10·num_negatives + max positives`` with a margin or max_score
-    filter, else ``skip_top + num_negatives + max positives`` (sentence-transformers' rule)."""
+    filter, else ``skip_top + num_negatives + max positives`` (sentence-transformers' rule), and at least
+    ``rescore_depth`` when a cross-encoder rescores the top ``rescore_depth`` candidates of each query."""
 
     method: str = "dense"
     num_negatives: int = 3
@@ -56,6 +69,7 @@ class MiningConfig:
     index: str = "exact"
     batch_size: int = 32
     max_tokens: int | None = None
+    rescore_depth: int = 30
     seed: int = 0
     stats: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -68,6 +82,8 @@ class MiningConfig:
             raise ValueError(f"num_negatives must be >= 1, got {self.num_negatives}")
         if self.skip_top < 0:
             raise ValueError(f"skip_top must be >= 0, got {self.skip_top}")
+        if self.rescore_depth < 1:
+            raise ValueError(f"rescore_depth must be >= 1, got {self.rescore_depth}")
         if not 0.0 <= self.hard_ratio <= 1.0:
             raise ValueError(f"hard_ratio must be between 0 and 1, got {self.hard_ratio}")
         if self.relative_margin is not None and not 0.0 <= self.relative_margin < 1.0:
@@ -80,7 +96,8 @@ class MiningConfig:
 
 @dataclass
 class Mined:
-    """Negatives per query: ``negatives (q, n)`` corpus positions (-1 where none), their scores, and stats."""
+    """Negatives per query: ``negatives (q, n)`` corpus positions (-1 where none), their scores (the rescorer's
+    when one was given; NaN for random negatives), the positives' scores, and stats."""
 
     negatives: np.ndarray
     scores: np.ndarray
@@ -97,6 +114,7 @@ def mine_positions(
     model: Any = None,
     query_emb: np.ndarray | None = None,
     doc_emb: np.ndarray | None = None,
+    rescorer: CrossEncoder | None = None,
 ) -> Mined:
     """Mine negatives for queries whose known positives are corpus positions; the array-level core.
 
@@ -108,8 +126,10 @@ def mine_positions(
         model: the embedding model (dense/hybrid), unless ``query_emb``/``doc_emb`` are given.
         query_emb: precomputed query embeddings.
         doc_emb: precomputed document embeddings.
+        rescorer: a one-label cross-encoder that re-scores and re-ranks the first ``config.rescore_depth``
+            candidates of each query and scores the positives; the filters then use its scores.
     """
-    from embforge.mining_search import bm25_candidates, dense_candidates, embed, hybrid_candidates
+    from embforge.mining_search import bm25_candidates, dense_candidates, embed, hybrid_candidates, rescore
 
     n_q, n_docs = len(query_texts), len(corpus)
     if len(positives) != n_q or any(not p for p in positives):
@@ -120,6 +140,7 @@ def mine_positions(
         filtering = config.relative_margin is not None or config.absolute_margin is not None
         filtering = filtering or config.max_score is not None
         depth = config.skip_top + config.num_hard * (10 if filtering else 1) + max_pos
+        depth = max(depth, config.rescore_depth) if rescorer is not None else depth
     depth = min(depth + max_pos, n_docs)
     # positive mask helpers: (query, doc) keys, sorted for np.isin
     pos_q = np.repeat(np.arange(n_q), [len(p) for p in positives])
@@ -146,22 +167,22 @@ def mine_positions(
     is_pos = np.isin(np.arange(n_q)[:, None] * n_docs + cand, pos_keys) & valid
     stats["skipped_positive"] = int(is_pos.sum())
     valid &= ~is_pos
+    if rescorer is not None:  # from here on the scores are the cross-encoder's
+        cand, scores, valid, pos_scores = rescore(
+            rescorer,
+            query_texts,
+            corpus,
+            cand,
+            valid,
+            pos_q,
+            pos_d,
+            depth=config.rescore_depth,
+            batch_size=config.batch_size,
+        )
+        stats["rescored"] = int(valid.sum())
     ref = np.full(n_q, np.inf, dtype=np.float64)
     np.minimum.at(ref, pos_q, pos_scores.astype(np.float64))
-    ref = ref[:, None]
-    for name, threshold in (
-        (
-            "relative_margin",
-            None if config.relative_margin is None else ref - np.abs(ref) * config.relative_margin,
-        ),
-        ("absolute_margin", None if config.absolute_margin is None else ref - config.absolute_margin),
-        ("max_score", config.max_score),
-    ):
-        if threshold is None:
-            continue
-        drop = valid & (scores > threshold)
-        stats[f"skipped_{name}"] = int(drop.sum())
-        valid &= ~drop
+    valid &= ~_filtered(scores, valid, ref[:, None], config, stats)
     hard = _pick_hard(valid, config)
     negatives = np.take_along_axis(cand, np.maximum(hard, 0), axis=1)
     neg_scores = np.take_along_axis(scores, np.maximum(hard, 0), axis=1).astype(np.float32)
@@ -174,6 +195,31 @@ def mine_positions(
         neg_scores = np.concatenate([neg_scores, np.full(rand.shape, np.nan, np.float32)], axis=1)
     stats["queries_short"] = int(np.any(negatives < 0, axis=1).sum())
     return Mined(negatives, neg_scores, pos_scores.astype(np.float32), stats)
+
+
+def _filtered(
+    scores: np.ndarray, valid: np.ndarray, ref: np.ndarray, config: MiningConfig, stats: dict[str, int]
+) -> np.ndarray:
+    """Mask of the valid candidates that a margin or ``max_score`` drops; ``ref (q, 1)``: lowest positive score.
+
+    ``scores`` come from whichever scorer ranked the candidates (retriever or cross-encoder); drops are counted
+    in ``stats`` per filter, in order (a candidate is counted by the first filter that drops it).
+    """
+    drop = np.zeros_like(valid)
+    for name, threshold in (
+        (
+            "relative_margin",
+            None if config.relative_margin is None else ref - np.abs(ref) * config.relative_margin,
+        ),
+        ("absolute_margin", None if config.absolute_margin is None else ref - config.absolute_margin),
+        ("max_score", config.max_score),
+    ):
+        if threshold is None:
+            continue
+        new = valid & ~drop & (scores > threshold)
+        stats[f"skipped_{name}"] = int(new.sum())
+        drop |= new
+    return drop
 
 
 def _pick_hard(valid: np.ndarray, config: MiningConfig) -> np.ndarray:
@@ -223,6 +269,7 @@ def mine(
     corpus: list[str] | None = None,
     query_emb: np.ndarray | None = None,
     doc_emb: np.ndarray | None = None,
+    rescorer: CrossEncoder | None = None,
 ) -> Dataset:
     """Mine negatives and return ``anchor, positive, negative_1..n`` rows (one per relevant query-document pair).
 
@@ -235,6 +282,11 @@ def mine(
         corpus: extra documents for pairs mode.
         query_emb: precomputed embeddings of the unique queries (in first-appearance order), if any.
         doc_emb: precomputed embeddings of the corpus (in pairs mode: ``corpus`` then new positives), if any.
+        rescorer: optional cross-encoder (one label, e.g. a trained reranker): the first ``config.rescore_depth``
+            retrieved candidates of each query (known positives already removed) and the query's positives are
+            scored by it, the candidates re-ranked by its scores, and the margin / max_score / skip_top filters
+            applied to its scores instead of the retriever's, so that likely false negatives are judged by the
+            better model. Cost: about ``rescore_depth + positives`` cross-encoder pairs per query.
     """
     if isinstance(data, RetrievalData):
         position = {d: i for i, d in enumerate(data.doc_ids)}
@@ -258,7 +310,14 @@ def mine(
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
     mined = mine_positions(
-        query_texts, positives, docs, config, model=model, query_emb=query_emb, doc_emb=doc_emb
+        query_texts,
+        positives,
+        docs,
+        config,
+        model=model,
+        query_emb=query_emb,
+        doc_emb=doc_emb,
+        rescorer=rescorer,
     )
     anchors_out: list[str] = []
     pos_out: list[str] = []

@@ -1,13 +1,17 @@
-"""Candidate search for :mod:`embforge.mining`: dense top-k, BM25 top-k (``bm25s``) and their hybrid (RRF)."""
+"""Candidate search for :mod:`embforge.mining`: dense top-k, BM25 top-k (``bm25s``), their hybrid (RRF), and
+cross-encoder rescoring of the candidates."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.index.numpy_index import topk_inner_product
+
+if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
 
 RRF_K = 60
 
@@ -109,3 +113,42 @@ def hybrid_candidates(
     scores = np.full((n_q, width), -np.inf)
     scores[key_q, col] = np.einsum("ij,ij->i", q[key_q], d[key_d])
     return positions, scores
+
+
+def rescore(
+    rescorer: CrossEncoder,
+    queries: list[str],
+    corpus: list[str],
+    cand: np.ndarray,
+    valid: np.ndarray,
+    pos_q: np.ndarray,
+    pos_d: np.ndarray,
+    *,
+    depth: int,
+    batch_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cross-encoder scores of the first ``depth`` valid candidates of each query and of every known positive.
+
+    Each distinct ``(query, document)`` text pair is scored once, with the model's activation (sigmoid for a
+    one-label model). Returns ``(positions (q, depth), scores, valid, positive scores)``: the kept candidates
+    re-ranked by the cross-encoder, best first, padded with -1 / -inf / False where a query had fewer.
+    """
+    if rescorer.num_labels != 1:
+        raise ValueError(
+            f"mining: the rescoring cross-encoder must output one score, this one has {rescorer.num_labels} labels"
+        )
+    keep = np.argsort(~valid, axis=1, kind="stable")[:, :depth]
+    cand = np.take_along_axis(cand, keep, axis=1)
+    valid = np.take_along_axis(valid, keep, axis=1)
+    rows, cols = np.nonzero(valid)
+    pairs = [(queries[q], corpus[d]) for q, d in zip(rows.tolist(), cand[rows, cols].tolist())]
+    pos_pairs = [(queries[q], corpus[d]) for q, d in zip(pos_q.tolist(), pos_d.tolist())]
+    unique = list(dict.fromkeys([*pairs, *pos_pairs]))
+    score_of = dict(zip(unique, rescorer.predict(unique, batch_size=batch_size).tolist()))
+    scores = np.full(cand.shape, -np.inf)
+    scores[rows, cols] = [score_of[p] for p in pairs]
+    order = np.argsort(-scores, axis=1, kind="stable")
+    cand, valid = np.take_along_axis(cand, order, axis=1), np.take_along_axis(valid, order, axis=1)
+    cand[~valid] = -1
+    pos_scores = np.array([score_of[p] for p in pos_pairs], dtype=np.float64)
+    return cand, np.take_along_axis(scores, order, axis=1), valid, pos_scores

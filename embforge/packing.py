@@ -54,7 +54,7 @@ class _AttentionGroup:
     end: int
     texts: int
     width: int
-    slots: Tensor | None  # position of each real token in the flattened (texts * width) block; None: no padding
+    slots: Tensor | None  # each real token's position in the flat (texts * width) block; None: no padding
     key_mask: Tensor | None  # (texts, 1, 1, width) True where a key is a real token; None: no padding
 
 
@@ -148,7 +148,9 @@ def _attend(qkv: Tensor, batch: PackedBatch, heads: int, dropout: float, scale: 
         if g.slots is not None:
             part = part.new_zeros(g.texts * g.width, 3 * hidden).index_copy(0, g.slots, part)
         q, k, v = part.view(g.texts, g.width, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, dropout_p=dropout, scale=scale)
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=g.key_mask, dropout_p=dropout, scale=scale
+        )
         context = context.transpose(1, 2).reshape(g.texts * g.width, hidden)
         outputs.append(context if g.slots is None else context.index_select(0, g.slots))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

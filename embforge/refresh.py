@@ -8,6 +8,12 @@ negatives are used from the first step after the job finishes. ``background=Fals
 stalls). Each refresh is logged to ``<output>/refresh.jsonl`` with the seconds training stalled for it (the
 snapshot copy, or the whole mining when not in the background) and the seconds the mining took.
 
+Each applied refresh is also written (atomically) to ``<output>/refresh/negatives-<step>.jsonl``; the trainer records
+that step in the checkpoint's progress (``refreshed_at``), so a resumed run (:meth:`NegativeRefresher.resume`)
+continues with the negatives that were in use at its checkpoint — never with a refresh that landed after it. A
+background refresh still running when the run was killed is lost; the next one starts at the next multiple of
+``every``.
+
 The hard-negative ratio follows a linear schedule over training: at step ``s`` of ``T`` a row gets a mined hard
 negative with probability ``start + (end − start)·s/T`` and a random corpus document otherwise (never a known
 positive, see :mod:`embforge.mining`).
@@ -25,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from embforge.checkpoint import latest_checkpoint, read_progress, write_text_atomic
 from embforge.data import Dataset
 from embforge.mining import MiningConfig, mine_positions
 from embforge.mining_search import embed
@@ -57,7 +64,11 @@ def hard_ratio_at(config: RefreshConfig, step: int, total_steps: int) -> float:
 
 
 class NegativeRefresher:
-    """Builds ``anchor, positive, negative_1..n`` tasks from retrieval data with the current model's negatives."""
+    """Builds ``anchor, positive, negative_1..n`` tasks from retrieval data with the current model's negatives.
+
+    ``log_dir`` is the training run's output folder: ``refresh.jsonl`` and the refreshed negatives go there, and
+    :meth:`resume` reads its ``checkpoints``.
+    """
 
     def __init__(
         self,
@@ -73,7 +84,8 @@ class NegativeRefresher:
         self.loss = loss
         self.total_steps = total_steps
         self.name = name
-        self.log_file = Path(log_dir) / "refresh.jsonl" if log_dir is not None else None
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.log_file = self.log_dir / "refresh.jsonl" if self.log_dir is not None else None
         position = {d: i for i, d in enumerate(data.doc_ids)}
         self.documents = data.documents
         self.queries: list[str] = []
@@ -172,16 +184,65 @@ class NegativeRefresher:
                 f"negative refresh started at step {self._job.get('started_step')} failed"
             ) from error
         tasks, self._result = self._result, None
+        saved = self._save(tasks[0].data, step) if tasks and self.log_dir is not None else None
         record: dict[str, Any] = {
             "event": "refresh",
             "started_step": self._job.get("started_step"),
             "applied_step": step,
+            **({"file": f"refresh/{saved.name}"} if saved is not None else {}),
             "stall_seconds": round(self._job.get("stall_seconds", 0.0), 3),
             "mining_seconds": round(time.perf_counter() - self._job["t0"], 3),
             **{k: self._job[k] for k in ("hard_ratio", "hard_rows", "rows") if k in self._job},
         }
         self._log(record)
         return tasks
+
+    # ------------------------------------------------------------------ resume
+    def negatives_file(self, step: int) -> Path:
+        """Where the negatives applied after optimiser step ``step`` are kept (needs ``log_dir``)."""
+        if self.log_dir is None:
+            raise ValueError("negative refresh: no log_dir (the run's output folder) to keep negatives in")
+        return self.log_dir / "refresh" / f"negatives-{step}.jsonl"
+
+    def _save(self, data: Dataset, step: int) -> Path:
+        """Write the refreshed rows atomically, before the trainer saves a checkpoint that refers to them."""
+        path = self.negatives_file(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        names = data.text_columns
+        lines = [json.dumps({c: data.columns[c][r] for c in names}) + "\n" for r in range(len(data))]
+        write_text_atomic(path, "".join(lines))
+        return path
+
+    def resume(self) -> list[Task] | None:
+        """The refreshed tasks in use at the run's latest checkpoint, or ``None`` if none was refreshed by then.
+
+        Call it before :func:`~embforge.train.train` with ``resume=True`` and train on what it returns (on
+        ``None``, on :meth:`build_tasks` at step 0, as the run started). The checkpoint's ``refreshed_at`` names
+        the file, so a refresh applied after the checkpoint is not used.
+        """
+        if self.log_dir is None:
+            raise ValueError("negative refresh: resume needs log_dir, the run's output folder")
+        checkpoint = latest_checkpoint(self.log_dir / "checkpoints")  # the folder train() writes
+        step = read_progress(checkpoint).get("refreshed_at") if checkpoint is not None else None
+        if checkpoint is None or step is None:
+            return None
+        path = self.negatives_file(int(step))
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{checkpoint}: trains on the negatives refreshed at step {step}, but {path} is missing; "
+                "restore it or start the run again without --resume"
+            )
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        anchors = [self.queries[qi] for qi, pos in enumerate(self.positives) for _ in pos]
+        if [r.get("anchor") for r in rows] != anchors:
+            raise ValueError(
+                f"{path}: its rows are not this training data's queries (was the data changed?); "
+                "start the run again without --resume"
+            )
+        columns = {c: [r[c] for r in rows] for c in rows[0]}
+        data = Dataset(f"{self.name}@{step}", columns, list(range(1, len(rows) + 1)))
+        self._log({"event": "resume", "checkpoint": checkpoint.name, "refreshed_at": step, "file": str(path)})
+        return [Task(self.name, data, self.loss)]
 
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
@@ -204,12 +265,16 @@ def retrieval_training(
     total_steps: int,
     output: str | Path,
     other_tasks: list[Task],
+    resume: bool = False,
+    background: bool = True,
 ) -> tuple[list[Task], Any]:
     """The tasks and trainer hook for training on retrieval data (``embforge train --retrieval-train DIR``).
 
     ``num_negatives=0`` trains on ``anchor, positive`` pairs only (in-batch negatives); otherwise the first negatives
     are mined with the initial model (``method``: dense, bm25 or hybrid) at ``hard_ratio_start`` and, with
-    ``refresh_every > 0``, re-mined ANCE-style during training. Returns ``(all tasks, refresher hook or None)``.
+    ``refresh_every > 0``, re-mined ANCE-style during training (in a background thread unless ``background`` is
+    false). With ``resume``, the negatives in use at the latest checkpoint in ``output`` are restored instead.
+    Returns ``(all tasks, refresher hook or None)``.
     """
     if num_negatives == 0:
         from embforge.datasets.scifact import training_pairs
@@ -217,12 +282,16 @@ def retrieval_training(
         return [*other_tasks, Task(data.name or "retrieval", training_pairs(data), loss)], None
     mining = MiningConfig(method=method, num_negatives=num_negatives, relative_margin=0.05)
     config = RefreshConfig(
-        every=refresh_every, hard_ratio_start=hard_ratio_start, hard_ratio_end=hard_ratio_end, mining=mining
+        every=refresh_every,
+        hard_ratio_start=hard_ratio_start,
+        hard_ratio_end=hard_ratio_end,
+        background=background,
+        mining=mining,
     )
     refresher = NegativeRefresher(
         data, loss, config, total_steps=total_steps, log_dir=output, name="retrieval"
     )
-    mined = refresher.build_tasks(model, 0)
+    mined = (refresher.resume() if resume else None) or refresher.build_tasks(model, 0)
     if not refresh_every:
         return [*other_tasks, *mined], None
 

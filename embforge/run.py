@@ -150,6 +150,7 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
         total_steps=steps,
         output=spec.config.output,
         other_tasks=tasks,
+        resume=spec.config.resume,
     )
     evaluator = None
     if spec.retrieval_eval_split:

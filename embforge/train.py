@@ -169,7 +169,9 @@ def train(
         on_step: Called with the step number after every optimiser step.
         refresher: Called as ``refresher(step, model)`` after every optimiser step; when it returns tasks (the
             same number, the same rows, new texts — e.g. refreshed hard negatives, see
-            :class:`embforge.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on.
+            :class:`embforge.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on; the step is
+            saved in checkpoints as ``progress["refreshed_at"]``, so that on resume the caller can pass the tasks
+            that were in use (:meth:`~embforge.refresh.NegativeRefresher.resume`).
 
     Returns:
         A summary: steps, seconds, training pairs/s, final and best metrics.
@@ -307,6 +309,13 @@ def train(
             if value is not None and (progress["best"] is None or value > progress["best"]["value"]):
                 progress["best"] = {"step": step, "value": value}
                 atomic_dir(out / "best", model.save)
+        fresh = refresher(step, model) if refresher is not None else None
+        if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
+            tasks = fresh
+            prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
+            plan = plan_for(progress["epoch"])
+            model.train()
+            progress["refreshed_at"] = step  # saved below: on resume the refresher restores these tasks
         if (config.save_every and step % config.save_every == 0) or step == total_steps:
             save_checkpoint(
                 checkpoints,
@@ -320,12 +329,6 @@ def train(
             )
         if on_step is not None:
             on_step(step)
-        fresh = refresher(step, model) if refresher is not None else None
-        if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
-            tasks = fresh
-            prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
-            plan = plan_for(progress["epoch"])
-            model.train()
     bar.close()
     seconds = time.perf_counter() - started
     model.save(out)

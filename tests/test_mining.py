@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from embforge.data import Dataset
 from embforge.mining import MiningConfig, mine, mine_positions, write_jsonl
 from embforge.retrieval.data import RetrievalData
+from tests.test_cross_losses import make_cross_encoder
 
 pytest.importorskip("bm25s")
 
@@ -180,3 +181,121 @@ def test_same_negatives_as_sentence_transformers(tiny_model_dir):
     assert ours.columns["anchor"] == theirs["anchor"]
     for j in (1, 2, 3):
         assert ours.columns[f"negative_{j}"] == theirs[f"negative_{j}"]
+
+
+# ---------------------------------------------------------------- cross-encoder rescoring
+QUERY = "a man plays music"
+
+
+def _line_embeddings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A query and documents whose cosine scores are exactly ``values``."""
+    d = np.stack([values, np.sqrt(1 - values**2)], axis=1).astype(np.float32)
+    return np.array([[1.0, 0.0]], np.float32), d
+
+
+def test_rescorer_reranks_candidates_by_its_own_scores():
+    ce = make_cross_encoder(seed=1)
+    corpus = DOCS[:10]
+    by_hand = ce.predict([(QUERY, t) for t in corpus])
+    assert (
+        len(set(np.round(by_hand, 5).tolist())) == 10
+    )  # distinct scores: the expected order is well defined
+    q, d = _line_embeddings(np.linspace(0.95, 0.05, 10))  # the retriever ranks d1, d2, d3, ... (d0: positive)
+
+    def mined(rescore_depth: int, rescorer=ce):
+        config = MiningConfig(num_negatives=3, depth=10, rescore_depth=rescore_depth)
+        return mine_positions([QUERY], [[0]], corpus, config, query_emb=q, doc_emb=d, rescorer=rescorer)
+
+    assert mined(9, rescorer=None).negatives[0].tolist() == [1, 2, 3]
+    full = mined(9)
+    expected = (np.argsort(-by_hand[1:], kind="stable")[:3] + 1).tolist()
+    assert full.negatives[0].tolist() == expected and expected != [1, 2, 3]
+    np.testing.assert_allclose(full.scores[0], by_hand[expected], atol=1e-5)
+    np.testing.assert_allclose(full.positive_scores, by_hand[[0]], atol=1e-5)
+    assert full.stats["rescored"] == 9
+    # only the retriever's first 4 candidates (d1..d4) are scored by the cross-encoder
+    shallow = mined(4)
+    expected = (np.argsort(-by_hand[1:5], kind="stable")[:3] + 1).tolist()
+    assert shallow.negatives[0].tolist() == expected and shallow.stats["rescored"] == 4
+
+
+def test_relative_margin_applies_to_the_rescorer_scores():
+    ce = make_cross_encoder(seed=1)
+    corpus = DOCS[:10]
+    by_hand = ce.predict([(QUERY, t) for t in corpus])
+    ranked = np.argsort(-by_hand, kind="stable").tolist()
+    positive, runner_up = ranked[0], ranked[1]  # the positive is the cross-encoder's best document
+    # a margin between the runner-up and the third: (1 - m)·s⁺ is the midpoint of their scores
+    margin = float(1 - (by_hand[ranked[1]] + by_hand[ranked[2]]) / 2 / by_hand[positive])
+    # the retriever gives the positive 0.99 and every other document at most 0.5: the same margin on its scores
+    # drops nothing
+    q, d = _line_embeddings(np.where(np.arange(10) == positive, 0.99, np.linspace(0.5, 0.05, 10)))
+
+    def mined(relative_margin, rescorer=ce):
+        config = MiningConfig(num_negatives=2, depth=10, relative_margin=relative_margin)
+        return mine_positions(
+            [QUERY], [[positive]], corpus, config, query_emb=q, doc_emb=d, rescorer=rescorer
+        )
+
+    assert mined(margin, rescorer=None).stats["skipped_relative_margin"] == 0
+    assert mined(None).negatives[0].tolist() == [runner_up, ranked[2]]
+    filtered = mined(margin)
+    assert filtered.stats["skipped_relative_margin"] == 1
+    assert filtered.negatives[0].tolist() == [ranked[2], ranked[3]]
+
+
+@pytest.mark.parametrize("method", ["dense", "bm25", "hybrid"])
+def test_rescored_mining_never_emits_a_known_positive(method):
+    ce = make_cross_encoder(seed=2)
+    rng = np.random.default_rng(0)
+    queries = [QUERY, "the stock market and the oil price", "a cat in the park"]
+    positives = [[0, 10, 5], [2, 3], [9]]  # d10 is d0's text: both known positives of the first query
+    q = rng.standard_normal((3, 8)).astype(np.float32)
+    d = rng.standard_normal((len(DOCS), 8)).astype(np.float32)
+    for sampling, hard_ratio in (("top", 1.0), ("random", 0.5)):
+        config = MiningConfig(
+            method=method, num_negatives=4, hard_ratio=hard_ratio, sampling=sampling, rescore_depth=6
+        )
+        mined = mine_positions(queries, positives, DOCS, config, query_emb=q, doc_emb=d, rescorer=ce)
+        for row, pos in zip(mined.negatives.tolist(), positives):
+            assert min(row) >= 0 and len(set(row)) == 4 and not set(row) & set(pos)
+
+
+def test_cli_mine_with_a_cross_encoder(tmp_path, tiny_model_dir, capsys):
+    import json
+
+    from embforge.cli import main
+    from embforge.cli.retrieval import load_data
+    from embforge.cross_encoder import CrossEncoder
+
+    make_cross_encoder(seed=1).save(tmp_path / "ce")
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS))
+    )
+    queries = [QUERY, "the stock market and the oil price", "a child with a book"]
+    (root / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(queries))
+    )
+    (root / "qrels" / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td2\t1\nq1\td3\t1\nq2\td4\t1\n"
+    )
+    out = tmp_path / "mined.jsonl"
+    argv = ["mine", "--data", str(root), "--method", "bm25", "--num-negatives", "2", "--output", str(out)]
+    assert main([*argv, "--cross-encoder", str(tmp_path / "ce"), "--rescore-depth", "4"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["rescored"] == 3 * 4 and stats["rows"] == 4
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # the same rows as the library call with the loaded cross-encoder, best cross-encoder score first
+    ce = CrossEncoder.load(tmp_path / "ce")
+    config = MiningConfig(method="bm25", num_negatives=2, rescore_depth=4)
+    expected = mine(None, load_data(str(root), "train"), config, rescorer=ce)
+    assert [r["negative_1"] for r in rows] == expected.columns["negative_1"]
+    assert [r["negative_2"] for r in rows] == expected.columns["negative_2"]
+    for row in rows:
+        first, second = ce.predict([(row["anchor"], row["negative_1"]), (row["anchor"], row["negative_2"])])
+        assert first >= second and row["positive"] not in (row["negative_1"], row["negative_2"])
+    # a bi-encoder folder is refused: it would score with an untrained head
+    assert main([*argv, "--cross-encoder", str(tiny_model_dir)]) == 2
+    assert "not a cross-encoder folder" in capsys.readouterr().err

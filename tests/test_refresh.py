@@ -6,10 +6,13 @@ import itertools
 import json
 
 import pytest
+import torch
 
+from embforge.checkpoint import read_progress
+from embforge.encoder import Encoder
 from embforge.losses import get_loss
 from embforge.mining import MiningConfig
-from embforge.refresh import NegativeRefresher, RefreshConfig, hard_ratio_at
+from embforge.refresh import NegativeRefresher, RefreshConfig, hard_ratio_at, retrieval_training
 from embforge.retrieval.data import RetrievalData
 from embforge.train import TrainConfig, train
 
@@ -88,8 +91,80 @@ def test_cli_train_with_refresh(tiny_model_dir, tmp_path):
     )
     out = tmp_path / "out"
     argv = ["train", "--model", str(tiny_model_dir), "--retrieval-train", str(root), "--num-negatives", "1"]
-    argv += ["--refresh-negatives-every", "2", "--max-steps", "5", "--batch-size", "4", "--output", str(out)]
-    assert main([*argv, "--quiet", "--save-every", "0"]) == 0
+    argv += ["--refresh-negatives-every", "2", "--batch-size", "4", "--output", str(out), "--quiet"]
+    assert main([*argv, "--max-steps", "5", "--save-every", "0"]) == 0
     records = [json.loads(line) for line in (out / "refresh.jsonl").read_text().splitlines()]
     assert records and all("stall_seconds" in r for r in records if r["event"] == "refresh")
     assert (out / "model.safetensors").exists()
+    # --resume restores the negatives in use at the checkpoint (the background refresh timing decides which)
+    active = read_progress(out / "checkpoints" / "checkpoint-5").get("refreshed_at")
+    assert main([*argv, "--max-steps", "7", "--save-every", "0", "--resume"]) == 0
+    records = [json.loads(line) for line in (out / "refresh.jsonl").read_text().splitlines()]
+    resumed = [r for r in records if r["event"] == "resume"]
+    assert [r["refreshed_at"] for r in resumed] == ([] if active is None else [active])
+
+
+def _rows(path):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return {c: [r[c] for r in rows] for c in rows[0]}
+
+
+def test_resume_continues_with_the_negatives_of_the_last_checkpoint(tiny_model_dir, tmp_path):
+    data = _data()
+
+    def run(out, crash_at=None, resume=False):
+        model = Encoder.load(tiny_model_dir)
+        tasks, hook = retrieval_training(
+            model,
+            data=data,
+            loss=get_loss("infonce"),
+            num_negatives=1,
+            method="dense",
+            refresh_every=2,
+            hard_ratio_start=0.3,
+            hard_ratio_end=0.9,
+            total_steps=8,
+            output=out,
+            other_tasks=[],
+            resume=resume,
+            background=False,  # refreshes land at steps 2, 4, 6 exactly
+        )
+        config = TrainConfig(
+            output=str(out), max_steps=8, batch_size=4, save_every=4, resume=resume, quiet=True
+        )
+
+        def on_step(step):
+            if step == crash_at:
+                raise KeyboardInterrupt
+
+        train(model, tasks, config, on_step=on_step, refresher=hook)
+        return tasks[0].data.columns
+
+    initial = run(tmp_path / "full")
+    crash = tmp_path / "crash"
+    with pytest.raises(KeyboardInterrupt):
+        run(crash, crash_at=7)  # last checkpoint at step 4; the refresh of step 6 landed after it
+    assert read_progress(crash / "checkpoints" / "checkpoint-4")["refreshed_at"] == 4
+    at_4, at_6 = (
+        _rows(crash / "refresh" / "negatives-4.jsonl"),
+        _rows(crash / "refresh" / "negatives-6.jsonl"),
+    )
+    assert at_4["negative_1"] != initial["negative_1"] and at_4["negative_1"] != at_6["negative_1"]
+    assert at_4["anchor"] == initial["anchor"] and at_4["positive"] == initial["positive"]
+    assert run(crash, resume=True) == at_4
+    records = [json.loads(line) for line in (crash / "refresh.jsonl").read_text().splitlines()]
+    assert [(r["checkpoint"], r["refreshed_at"]) for r in records if r["event"] == "resume"] == [
+        ("checkpoint-4", 4)
+    ]
+    # the resumed run trained on exactly what the uninterrupted one did
+    full, resumed = Encoder.load(tmp_path / "full").state_dict(), Encoder.load(crash).state_dict()
+    assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+def test_resume_without_a_refreshed_checkpoint_mines_from_the_start(tmp_path):
+    refresher = NegativeRefresher(
+        _data(), get_loss("infonce"), RefreshConfig(every=2), total_steps=4, log_dir=tmp_path
+    )
+    assert refresher.resume() is None  # no checkpoint yet
+    with pytest.raises(ValueError, match="resume needs log_dir"):
+        NegativeRefresher(_data(), get_loss("infonce"), RefreshConfig(), total_steps=4).resume()

@@ -44,6 +44,18 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     mine.add_argument("--sampling", default="top", help="top or random (among the surviving candidates)")
     mine.add_argument("--index", default="exact", help="dense search: exact, flat, hnsw, ivf, ivfpq")
+    mine.add_argument(
+        "--cross-encoder",
+        default=None,
+        metavar="MODEL",
+        help="re-score candidates and positives with this cross-encoder; the margins then use its scores",
+    )
+    mine.add_argument(
+        "--rescore-depth",
+        type=int,
+        default=30,
+        help="candidates per query the cross-encoder scores (default 30)",
+    )
     mine.add_argument("--batch-size", type=int, default=32)
     mine.add_argument("--seed", type=int, default=0)
     mine.set_defaults(func=run_mine)
@@ -122,6 +134,7 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
         sampling=args.sampling,
         index=args.index,
         batch_size=args.batch_size,
+        rescore_depth=args.rescore_depth,
         seed=args.seed,
     )
     corpus = None
@@ -138,7 +151,17 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
         from embforge.encoder import Encoder
 
         model = Encoder.load(args.model)
-    rows = mine(model, data, config, corpus=corpus)
+    rescorer = None
+    if args.cross_encoder:
+        from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
+
+        if not is_cross_encoder_folder(args.cross_encoder):
+            raise ValueError(
+                f"--cross-encoder {args.cross_encoder}: not a cross-encoder folder (a bi-encoder would get an "
+                "untrained scoring head); train one with 'embforge train --model-type cross'"
+            )
+        rescorer = CrossEncoder.load(args.cross_encoder)
+    rows = mine(model, data, config, corpus=corpus, rescorer=rescorer)
     path = write_jsonl(rows, args.output)
     return {"output": str(path), **config.stats}
 
