@@ -207,6 +207,38 @@ def test_micro_batcher_merges_concurrent_requests():
     assert calls == [8, 4]  # 6 requests of 2 items -> one full batch of 8, then the rest
 
 
+def test_micro_batcher_waits_only_while_requests_come_concurrently():
+    from embforge.serve.batcher import MicroBatcher
+
+    calls: list[int] = []
+
+    def fn(items):
+        calls.append(len(items))
+        return np.array([[x] for x in items])
+
+    async def main():
+        batcher = MicroBatcher(fn, max_batch_size=8, max_wait_ms=300)
+        batcher.start()
+        lone = []
+        for i in range(3):  # one client, one request at a time: no 300 ms wait for company
+            started = time.perf_counter()
+            await batcher.submit([i])
+            lone.append(time.perf_counter() - started)
+        await asyncio.gather(*(batcher.submit([i]) for i in range(4)))  # a burst merges...
+        started = time.perf_counter()
+        burst_then = asyncio.gather(batcher.submit([7]))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(burst_then, batcher.submit([8]))  # ...and the next one waits for company
+        waited = time.perf_counter() - started
+        await batcher.stop()
+        return lone, waited
+
+    lone, waited = asyncio.run(main())
+    assert max(lone) < 0.2
+    assert calls[:3] == [1, 1, 1] and calls[3] == 4
+    assert calls[4:] == [2] and waited >= 0.05
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -4,7 +4,11 @@ Each request puts its items (texts, or text pairs) on a queue. One worker takes 
 keeps taking requests until ``max_batch_size`` items are gathered or ``max_wait_ms`` has passed since the first
 arrived, runs the model once on all of them in a worker thread (so the event loop keeps accepting requests), and
 hands each request its slice of the result. While the model runs, new requests queue up and form the next batch,
-so under load batches fill up and throughput grows with concurrency; a lone request waits at most ``max_wait_ms``.
+so under load batches fill up and throughput grows with concurrency.
+
+The wait is adaptive: it only applies while requests are arriving concurrently (the previous batch held more than
+one request). A lone client's request runs at once instead of paying ``max_wait_ms`` for company that never comes
+(measured on MiniLM, 2 cores: a fixed 5 ms wait cost 28 % of throughput at one client).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class MicroBatcher:
         fn: The model call, run in a single worker thread; returns an array (or tuple of arrays / lists)
             whose first axis matches the items.
         max_batch_size: Most items per call (a bigger request runs alone, in one call).
-        max_wait_ms: Longest wait for more requests after the first one arrives.
+        max_wait_ms: Longest wait for more requests after the first one arrives (only while requests come
+            concurrently, see above).
         on_batch: Called with the size of each batch run (for metrics).
     """
 
@@ -52,6 +57,7 @@ class MicroBatcher:
         self._carry: _Job | None = None
         self._task: asyncio.Task | None = None
         self._busy = False
+        self._concurrent = False  # did the last batch merge several requests? then waiting pays off
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="embforge-model"
         )
@@ -108,7 +114,7 @@ class MicroBatcher:
             assert first is not None
             jobs = [first]
             size = len(first.items)
-            deadline = loop.time() + self.max_wait
+            deadline = loop.time() + (self.max_wait if self._concurrent else 0.0)
             while size < self.max_batch_size:
                 job = await self._next_job(deadline - loop.time())
                 if job is None:
@@ -118,6 +124,7 @@ class MicroBatcher:
                     break
                 jobs.append(job)
                 size += len(job.items)
+            self._concurrent = len(jobs) > 1
             jobs = [j for j in jobs if not j.future.done()]  # timed-out requests are dropped
             if not jobs:
                 continue
