@@ -316,7 +316,7 @@ def train(
             plan = plan_for(progress["epoch"])
             model.train()
             progress["refreshed_at"] = step  # saved below: on resume the refresher restores these tasks
-        if (config.save_every and step % config.save_every == 0) or step == total_steps:
+        if config.save_every and (step % config.save_every == 0 or step == total_steps):
             save_checkpoint(
                 checkpoints,
                 model=model,

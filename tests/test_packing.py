@@ -98,3 +98,21 @@ def test_other_architectures_are_not_packed():
 
     model = DistilBertModel(DistilBertConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, hidden_dim=64))
     assert not supports_packing(model)
+
+
+def test_cpu_dropout_keeps_one_minus_p_scales_and_masks_the_gradient():
+    from embforge.packing import dropout
+
+    torch.manual_seed(0)
+    x = torch.ones(200_000, requires_grad=True)
+    y = dropout(x, 0.1)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.003
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / 0.9)
+    assert dropout(x, 0.0) is x
+    torch.manual_seed(1)
+    first = dropout(x, 0.5)
+    torch.manual_seed(1)
+    assert torch.equal(first, dropout(x, 0.5))  # seeded: runs resume identically

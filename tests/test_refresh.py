@@ -92,13 +92,13 @@ def test_cli_train_with_refresh(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     argv = ["train", "--model", str(tiny_model_dir), "--retrieval-train", str(root), "--num-negatives", "1"]
     argv += ["--refresh-negatives-every", "2", "--batch-size", "4", "--output", str(out), "--quiet"]
-    assert main([*argv, "--max-steps", "5", "--save-every", "0"]) == 0
+    assert main([*argv, "--max-steps", "5", "--save-every", "5"]) == 0
     records = [json.loads(line) for line in (out / "refresh.jsonl").read_text().splitlines()]
     assert records and all("stall_seconds" in r for r in records if r["event"] == "refresh")
     assert (out / "model.safetensors").exists()
     # --resume restores the negatives in use at the checkpoint (the background refresh timing decides which)
     active = read_progress(out / "checkpoints" / "checkpoint-5").get("refreshed_at")
-    assert main([*argv, "--max-steps", "7", "--save-every", "0", "--resume"]) == 0
+    assert main([*argv, "--max-steps", "7", "--save-every", "5", "--resume"]) == 0
     records = [json.loads(line) for line in (out / "refresh.jsonl").read_text().splitlines()]
     resumed = [r for r in records if r["event"] == "resume"]
     assert [r["refreshed_at"] for r in resumed] == ([] if active is None else [active])
