@@ -48,7 +48,7 @@ def train_peer(train_data, args, out):
 
     torch.manual_seed(args.seed)
     model = STCrossEncoder(
-        str(resolve_model_path(args.model)), num_labels=1, max_length=args.max_length, device="cpu"
+        str(resolve_model_path(args.model)), num_labels=1, max_length=args.max_length, device=args.device
     )
     dataset = HFDataset.from_dict(
         {
@@ -69,7 +69,7 @@ def train_peer(train_data, args, out):
         save_strategy="no",
         report_to="none",
         logging_steps=10_000,
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -83,7 +83,7 @@ def train_peer(train_data, args, out):
 
 def train_embforge(train_data, args, out):
     torch.manual_seed(args.seed)
-    model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_length)
+    model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_length, device=args.device)
     config = TrainConfig(
         output=str(out),
         epochs=args.epochs,
@@ -96,7 +96,7 @@ def train_embforge(train_data, args, out):
         save_every=0,
         quiet=True,
         amp="no",
-        device="cpu",
+        device=args.device,
         chunk_tokens=args.chunk_tokens,
     )
     start = time.perf_counter()
@@ -121,6 +121,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best of each is kept")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both libraries)")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
 
@@ -166,7 +167,7 @@ def main() -> None:
     }
     print(
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{torch.__version__}; model {args.model}; MRPC train {len(train_data)} pairs x {args.epochs} epoch, "
+        f"{torch.__version__}, device {args.device}; model {args.model}; MRPC train {len(train_data)} pairs x {args.epochs} epoch, "
         f"batch {args.batch_size}, max length {args.max_length}, fp32; predict {len(pairs)} pairs, "
         f"batch {args.predict_batch_size}; best of {args.rounds} alternating rounds\n"
     )

@@ -66,7 +66,7 @@ def run_peer(loss_name, train_data, test, args, out):
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
     from sentence_transformers.training_args import SentenceTransformerTrainingArguments
 
-    model = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
+    model = SentenceTransformer(str(resolve_model_path(args.model)), device=args.device)
     scores = np.asarray(train_data.labels(), dtype=np.float64)
     if loss_name == "mse":
         scores = (
@@ -94,7 +94,8 @@ def run_peer(loss_name, train_data, test, args, out):
         save_strategy="no",
         report_to="none",
         logging_steps=10_000,
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
+        bf16=args.amp == "bf16",
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -123,6 +124,8 @@ def run_embforge(loss_name, train_data, test, args, out):
         seed=args.seed,
         save_every=0,
         quiet=True,
+        device=args.device,
+        amp=args.amp,
     )
     with PeakRSS() as mem:
         start = time.perf_counter()
@@ -139,8 +142,8 @@ def bench_encode(args, test):
     from sentence_transformers import SentenceTransformer
 
     texts = list(dict.fromkeys(test.columns["sentence1"] + test.columns["sentence2"]))
-    ours = Encoder.load(args.model)
-    peer = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
+    ours = Encoder.load(args.model, device=args.device)
+    peer = SentenceTransformer(str(resolve_model_path(args.model)), device=args.device)
     best = {"embforge": 0.0, "peer": 0.0}
     diff = 0.0
     for _ in range(args.encode_rounds):
@@ -169,6 +172,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="use only the first N training pairs")
     parser.add_argument("--encode-rounds", type=int, default=3)
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both libraries)")
+    parser.add_argument("--amp", default="no", choices=["no", "bf16"], help="mixed precision on both sides")
     parser.add_argument("--out", default="/tmp/embforge-bench-train")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

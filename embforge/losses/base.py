@@ -35,6 +35,12 @@ class EmbeddingLoss(nn.Module):
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def __call__(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
+        """``forward`` with the labels moved to the embeddings' device (labels are often built on the CPU)."""
+        if labels is not None and embeddings:
+            labels = labels.to(embeddings[0].device)
+        return super().__call__(embeddings, labels)
+
 
 def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
     """All-pairs cosine similarity ``(len(a), len(b))`` computed in float32."""

@@ -24,7 +24,7 @@ def cosent(scores: Tensor, labels: Tensor, *, scale: float = 20.0) -> Tensor:
         scale: ``λ``, the inverse temperature (20 in the CoSENT paper).
     """
     scores = scores.float().reshape(-1) * scale
-    labels = labels.reshape(-1)
+    labels = labels.to(scores.device).reshape(-1)
     # diff[i, j] = λ (f_j - f_i), kept where y_i > y_j
     diff = scores[None, :] - scores[:, None]
     keep = labels[:, None] > labels[None, :]

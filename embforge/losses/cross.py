@@ -57,6 +57,10 @@ class CrossLoss(nn.Module):
     def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def __call__(self, logits: Tensor, labels: Tensor | None = None) -> Tensor:
+        """``forward`` with the labels moved to the logits' device."""
+        return super().__call__(logits, None if labels is None else labels.to(logits.device))
+
 
 def _single_logit(logits: Tensor, name: str) -> Tensor:
     if logits.ndim == 2 and logits.shape[1] != 1:
