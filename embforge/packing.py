@@ -155,7 +155,9 @@ def dropout(x: Tensor, p: float) -> Tensor:
     return x * scaled_keep
 
 
-def _attend(qkv: Tensor, batch: PackedBatch, heads: int, dropout_p: float, scale: float, training: bool) -> Tensor:
+def _attend(
+    qkv: Tensor, batch: PackedBatch, heads: int, dropout_p: float, scale: float, training: bool
+) -> Tensor:
     """Self-attention of each text over its own tokens: ``(tokens, 3 * hidden)`` -> ``(tokens, hidden)``.
 
     Inference uses ``scaled_dot_product_attention`` (its fused CPU kernel). Training on CPU writes the attention

@@ -25,7 +25,12 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--amp", "amp", str, "mixed precision: auto, no, fp16, bf16 (default auto)"),
     ("--seed", "seed", int, "random seed (default 42)"),
     ("--eval-every", "eval_every", int, "evaluate every N steps (default: at the end only)"),
-    ("--save-every", "save_every", int, "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)"),
+    (
+        "--save-every",
+        "save_every",
+        int,
+        "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)",
+    ),
     ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens"),
     ("--columns", "columns", str, "column mapping, e.g. '0=sentence1,1=sentence2,2=score'"),
     ("--chunk-tokens", "chunk_tokens", int, "padded tokens per forward chunk (default 512 CPU / 16384 GPU)"),
