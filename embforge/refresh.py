@@ -3,8 +3,9 @@
 :class:`NegativeRefresher` is given to :func:`embforge.train.train` as ``refresher``; the trainer calls it after
 every optimiser step with ``(step, model)`` and, when it returns a list of tasks, re-prepares them and continues
 with fresh batches. Every ``every`` steps the refresher snapshots the weights (a CPU copy of the model) and mines
-with that copy **in a background thread**, so training keeps going while the corpus is re-encoded; the new
-negatives are used from the first step after the job finishes. ``background=False`` mines in place (training
+with that copy (on the model's device) **in a background thread**, so training keeps going while the corpus is
+re-encoded; the new negatives are used from the first step after the job finishes, and at the latest when the next
+refresh is due (training waits for it then, logged as stall). ``background=False`` mines in place (training
 stalls). Each refresh is logged to ``<output>/refresh.jsonl`` with the seconds training stalled for it (the
 snapshot copy, or the whole mining when not in the background) and the seconds the mining took.
 
@@ -143,22 +144,28 @@ class NegativeRefresher:
 
     # ------------------------------------------------------------------ trainer hook
     def __call__(self, step: int, model: Any) -> list[Task] | None:
-        """Called after optimiser step ``step``; returns new tasks when a refresh has finished, else ``None``."""
-        if self._thread is not None and not self._thread.is_alive():
-            return self._collect(step)
-        if not self.config.every or step % self.config.every or step >= self.total_steps:
-            return None
-        if self._thread is not None:  # the previous refresh is still running: skip this one
-            self._log({"event": "refresh_skipped", "step": step, "reason": "previous refresh still running"})
-            return None
+        """Called after optimiser step ``step``; returns new tasks when a refresh has finished, else ``None``.
+
+        At most one refresh runs at a time. When the next one is due while the previous is still running (a fast
+        trainer, e.g. on a GPU), training waits for it (the wait is logged as stall), so every refresh lands
+        within one interval of its start and the schedule is kept.
+        """
+        due = bool(self.config.every) and step % self.config.every == 0 and step < self.total_steps
+        fresh = None
+        if self._thread is not None and (due or not self._thread.is_alive()):
+            waited = time.perf_counter()
+            self._thread.join()
+            self._job["stall_seconds"] = self._job.get("stall_seconds", 0.0) + time.perf_counter() - waited
+            fresh = self._collect(step)
+        if not due:
+            return fresh
         started = time.perf_counter()
         self._job = {"started_step": step, "t0": started}
         if not self.config.background:
-            tasks = self.build_tasks(model, step)
+            self._result = self.build_tasks(model, step)
             self._job["stall_seconds"] = time.perf_counter() - started
-            self._result = tasks
             return self._collect(step)
-        snapshot = copy.deepcopy(model).to("cpu").eval()
+        snapshot = copy.deepcopy(model).eval()  # same device: a GPU run re-encodes on the GPU
         self._job["stall_seconds"] = time.perf_counter() - started
 
         def work() -> None:
@@ -169,12 +176,19 @@ class NegativeRefresher:
 
         self._thread = threading.Thread(target=work, name="embforge-negative-refresh", daemon=True)
         self._thread.start()
-        return None
+        return fresh
 
     def wait(self) -> None:
         """Block until a running background refresh ends (tests, or before the process exits)."""
         if self._thread is not None:
             self._thread.join()
+
+    def close(self) -> None:
+        """End of training: wait for a refresh still running (its negatives are not used) and log it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread, self._result, self._error = None, None, None
+            self._log({"event": "refresh_unused", "started_step": self._job.get("started_step")})
 
     def _collect(self, step: int) -> list[Task] | None:
         self._thread = None
@@ -295,8 +309,19 @@ def retrieval_training(
     if not refresh_every:
         return [*other_tasks, *mined], None
 
-    def hook(step: int, current: Any) -> list[Task] | None:
-        fresh = refresher(step, current)
-        return None if fresh is None else [*other_tasks, *fresh]
+    return [*other_tasks, *mined], _RefreshHook(refresher, other_tasks)
 
-    return [*other_tasks, *mined], hook
+
+class _RefreshHook:
+    """The trainer's ``refresher``: refreshed retrieval tasks next to the run's other tasks."""
+
+    def __init__(self, refresher: NegativeRefresher, other_tasks: list[Task]) -> None:
+        self.refresher = refresher
+        self.other_tasks = other_tasks
+
+    def __call__(self, step: int, model: Any) -> list[Task] | None:
+        fresh = self.refresher(step, model)
+        return None if fresh is None else [*self.other_tasks, *fresh]
+
+    def close(self) -> None:
+        self.refresher.close()

@@ -171,7 +171,8 @@ def train(
             same number, the same rows, new texts — e.g. refreshed hard negatives, see
             :class:`embforge.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on; the step is
             saved in checkpoints as ``progress["refreshed_at"]``, so that on resume the caller can pass the tasks
-            that were in use (:meth:`~embforge.refresh.NegativeRefresher.resume`).
+            that were in use (:meth:`~embforge.refresh.NegativeRefresher.resume`). Its ``close()``, if any, is
+            called when training ends.
 
     Returns:
         A summary: steps, seconds, training pairs/s, final and best metrics.
@@ -330,6 +331,9 @@ def train(
         if on_step is not None:
             on_step(step)
     bar.close()
+    close = getattr(refresher, "close", None)  # a background refresh still running cannot be used any more
+    if close is not None:
+        close()
     seconds = time.perf_counter() - started
     model.save(out)
     model.eval()

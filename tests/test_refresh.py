@@ -168,3 +168,40 @@ def test_resume_without_a_refreshed_checkpoint_mines_from_the_start(tmp_path):
     assert refresher.resume() is None  # no checkpoint yet
     with pytest.raises(ValueError, match="resume needs log_dir"):
         NegativeRefresher(_data(), get_loss("infonce"), RefreshConfig(), total_steps=4).resume()
+
+
+def test_a_slow_refresh_is_waited_for_when_the_next_is_due(tiny_encoder, tmp_path, monkeypatch):
+    """A trainer faster than the mining (a GPU) still gets every refresh, at the latest one interval later."""
+    import threading
+    import time
+
+    data = _data()
+    config = RefreshConfig(every=2, mining=MiningConfig(num_negatives=1, depth=10))
+    refresher = NegativeRefresher(data, get_loss("infonce"), config, total_steps=8, log_dir=tmp_path)
+    tasks = refresher.build_tasks(tiny_encoder, 0)
+    build = refresher.build_tasks
+    release = threading.Event()
+
+    def slow_build(model, step):
+        release.wait(timeout=30)  # mining never ends on its own before the next refresh is due
+        release.clear()
+        return build(model, step)
+
+    monkeypatch.setattr(refresher, "build_tasks", slow_build)
+
+    def hook(step, model):
+        if step % 2 == 0 and refresher._thread is not None:
+            threading.Timer(0.2, release.set).start()  # lets the job finish once the trainer waits
+        return refresher(step, model)
+
+    hook.close = refresher.close  # what retrieval_training's hook does: train() calls it at the end
+    train_config = TrainConfig(output=str(tmp_path / "out"), max_steps=8, batch_size=4, quiet=True)
+    started = time.perf_counter()
+    train(tiny_encoder, tasks, train_config, refresher=hook)
+    assert time.perf_counter() - started < 30
+    records = [json.loads(line) for line in (tmp_path / "refresh.jsonl").read_text().splitlines()]
+    applied = [r for r in records if r["event"] == "refresh"]
+    assert [(r["started_step"], r["applied_step"]) for r in applied] == [(2, 4), (4, 6)]
+    assert applied[0]["stall_seconds"] > 0.1  # the trainer waited, and says so
+    assert records[-1] == {"event": "refresh_unused", "started_step": 6}  # still running at the end: joined
+    assert "refresh_skipped" not in {r["event"] for r in records}
