@@ -15,13 +15,38 @@ import argparse
 import json
 import time
 
+import numpy as np
+
 from embforge.cross_encoder import CrossEncoder
+from embforge.data import Dataset
 from embforge.datasets.wikiqa import load_wikiqa
 from embforge.encoder import Encoder
 from embforge.evaluate.rerank import evaluate_rerank, group_candidates
 from embforge.losses.cross import get_cross_loss
 from embforge.tasks import Task
 from embforge.train import TrainConfig, train
+
+
+def listwise_rows(data, groups, negatives: int, seed: int) -> Dataset:
+    """``anchor, positive, negative_1..k``: one row per correct answer, negatives drawn from its question's
+    wrong candidates (with replacement when it has fewer; other questions' answers when it has none)."""
+    rng = np.random.default_rng(seed)
+    texts, labels = data.columns["sentence2"], data.columns["label"]
+    columns: dict[str, list[str]] = {"anchor": [], "positive": []}
+    columns.update({f"negative_{j + 1}": [] for j in range(negatives)})
+    for rows in groups.values():
+        wrong = [texts[r] for r in rows if labels[r] == 0] or [
+            texts[r] for r in rng.choice(len(texts), negatives)
+        ]
+        for r in (r for r in rows if labels[r] > 0):
+            columns["anchor"].append(data.columns["sentence1"][r])
+            columns["positive"].append(texts[r])
+            picks = (
+                rng.permutation(len(wrong)) if len(wrong) >= negatives else rng.choice(len(wrong), negatives)
+            )
+            for j in range(negatives):
+                columns[f"negative_{j + 1}"].append(wrong[picks[j]])
+    return Dataset("wikiqa-train-listwise", columns, list(range(1, len(columns["anchor"]) + 1)))
 
 
 def main() -> None:
@@ -34,6 +59,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument(
         "--pos-weight", type=float, default=None, help="BCE weight of positives (default none)"
+    )
+    parser.add_argument("--loss", default="bce", choices=["bce", "listwise"])
+    parser.add_argument(
+        "--negatives", type=int, default=7, help="listwise: negatives per (question, correct answer) row"
     )
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--output", default="runs/wikiqa-ce")
@@ -50,8 +79,13 @@ def main() -> None:
     print("zero-shot bi-encoder", json.dumps(zero_shot), flush=True)
 
     model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_seq_length)
-    options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
-    task = Task("wikiqa", answerable, get_cross_loss("bce", **options))
+    if args.loss == "listwise":
+        task = Task(
+            "wikiqa", listwise_rows(train_data, groups, args.negatives, args.seed), get_cross_loss("listwise")
+        )
+    else:
+        options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
+        task = Task("wikiqa", answerable, get_cross_loss("bce", **options))
     config = TrainConfig(
         output=args.output,
         epochs=args.epochs,
@@ -73,7 +107,7 @@ def main() -> None:
     print("\n| model | MRR@10 | NDCG@10 | MAP |\n|---|---:|---:|---:|")
     for name, result in (
         ("all-MiniLM-L6-v2 bi-encoder, zero-shot", zero_shot),
-        (f"cross-encoder from all-MiniLM-L6-v2, BCE, {args.epochs} epoch(s)", tuned),
+        (f"cross-encoder from all-MiniLM-L6-v2, {args.loss}, {args.epochs} epoch(s)", tuned),
     ):
         print(f"| {name} | {result['mrr@10']:.2f} | {result['ndcg@10']:.2f} | {result['map']:.2f} |")
 
