@@ -261,6 +261,26 @@ def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: 
     return np.where(np.take_along_axis(bad, order, axis=1), -1, picked)
 
 
+def _cached_corpus(
+    model: Any,
+    docs: list[str],
+    data: RetrievalData | Dataset,
+    config: MiningConfig,
+    folder: str | os.PathLike,
+) -> np.ndarray:
+    """L2-normalised corpus embeddings from (or written to) ``folder``; fingerprinted by weights and texts."""
+    from embforge.retrieval.encode import encode_corpus, model_fingerprint
+
+    ids = data.doc_ids if isinstance(data, RetrievalData) else [str(i) for i in range(len(docs))]
+    emb = np.asarray(
+        encode_corpus(
+            model, docs, ids, folder, batch_size=config.batch_size, model_tag=model_fingerprint(model)
+        ),
+        dtype=np.float32,
+    )
+    return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+
+
 def mine(
     model: Any,
     data: RetrievalData | Dataset,
@@ -270,6 +290,7 @@ def mine(
     query_emb: np.ndarray | None = None,
     doc_emb: np.ndarray | None = None,
     rescorer: CrossEncoder | None = None,
+    corpus_cache: str | os.PathLike | None = None,
 ) -> Dataset:
     """Mine negatives and return ``anchor, positive, negative_1..n`` rows (one per relevant query-document pair).
 
@@ -287,6 +308,9 @@ def mine(
             scored by it, the candidates re-ranked by its scores, and the margin / max_score / skip_top filters
             applied to its scores instead of the retriever's, so that likely false negatives are judged by the
             better model. Cost: about ``rescore_depth + positives`` cross-encoder pairs per query.
+        corpus_cache: a folder for the corpus embeddings (dense and hybrid methods): written on the first call
+            (resumable, :func:`embforge.retrieval.encode.encode_corpus`) and reused, without encoding, by later
+            calls with the same model weights and documents — e.g. to try other filters.
     """
     if isinstance(data, RetrievalData):
         position = {d: i for i, d in enumerate(data.doc_ids)}
@@ -309,6 +333,8 @@ def mine(
         query_texts, positives = list(grouped), list(grouped.values())
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
+    if corpus_cache is not None and doc_emb is None and config.method != "bm25":
+        doc_emb = _cached_corpus(model, docs, data, config, corpus_cache)
     mined = mine_positions(
         query_texts,
         positives,

@@ -299,3 +299,24 @@ def test_cli_mine_with_a_cross_encoder(tmp_path, tiny_model_dir, capsys):
     # a bi-encoder folder is refused: it would score with an untrained head
     assert main([*argv, "--cross-encoder", str(tiny_model_dir)]) == 2
     assert "not a cross-encoder folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["dense", "hybrid"])
+def test_corpus_cache_is_written_once_and_reused(tiny_encoder, tmp_path, monkeypatch, method):
+    config = lambda: MiningConfig(method=method, num_negatives=2, relative_margin=0.05)  # noqa: E731
+    plain = mine(tiny_encoder, _data(), config())
+    encoded: list[int] = []
+    encode = tiny_encoder.encode
+    monkeypatch.setattr(
+        tiny_encoder, "encode", lambda texts, **kw: encoded.append(len(texts)) or encode(texts, **kw)
+    )
+    first = mine(tiny_encoder, _data(), config(), corpus_cache=tmp_path / "cache")
+    assert encoded == [len(DOCS), 2] and (tmp_path / "cache" / "embeddings.npy").exists()  # corpus, queries
+    again = mine(tiny_encoder, _data(), config(), corpus_cache=tmp_path / "cache")
+    assert encoded == [
+        len(DOCS),
+        2,
+        2,
+    ]  # the second run encoded the queries only: the corpus came from the cache
+    for rows in (first, again):
+        assert rows.columns == plain.columns

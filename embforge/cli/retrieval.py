@@ -57,6 +57,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="candidates per query the cross-encoder scores (default 30)",
     )
     mine.add_argument("--batch-size", type=int, default=32)
+    mine.add_argument(
+        "--corpus-cache",
+        default=None,
+        metavar="DIR",
+        help="keep the corpus embeddings here (resumable) and reuse them on the next run with the same model",
+    )
     mine.add_argument("--seed", type=int, default=0)
     mine.set_defaults(func=run_mine)
 
@@ -161,7 +167,7 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
                 "untrained scoring head); train one with 'embforge train --model-type cross'"
             )
         rescorer = CrossEncoder.load(args.cross_encoder)
-    rows = mine(model, data, config, corpus=corpus, rescorer=rescorer)
+    rows = mine(model, data, config, corpus=corpus, rescorer=rescorer, corpus_cache=args.corpus_cache)
     path = write_jsonl(rows, args.output)
     return {"output": str(path), **config.stats}
 
