@@ -25,6 +25,7 @@ from embforge.evaluate.rerank import evaluate_rerank, group_candidates
 from embforge.losses.cross import get_cross_loss
 from embforge.tasks import Task
 from embforge.train import TrainConfig, train
+from embforge.two_stage import evaluate_two_stage
 
 
 def listwise_rows(data, groups, negatives: int, seed: int) -> Dataset:
@@ -49,6 +50,26 @@ def listwise_rows(data, groups, negatives: int, seed: int) -> Dataset:
     return Dataset("wikiqa-train-listwise", columns, list(range(1, len(columns["anchor"]) + 1)))
 
 
+def with_random_negatives(data, groups, per_question: int, seed: int) -> Dataset:
+    """``data`` plus, for each question, ``per_question`` candidate sentences of other questions labelled 0."""
+    if per_question <= 0:
+        return data
+    rng = np.random.default_rng(seed)
+    questions, answers = data.columns["sentence1"], data.columns["sentence2"]
+    owner = {a: questions[r] for r in range(len(data)) for a in [answers[r]]}
+    pool = list(owner)
+    extra: dict[str, list] = {"sentence1": [], "sentence2": [], "label": []}
+    for rows in groups.values():
+        question = questions[rows[0]]
+        picks = [pool[i] for i in rng.choice(len(pool), 4 * per_question)]
+        picks = [a for a in picks if owner[a] != question][:per_question]
+        extra["sentence1"] += [question] * len(picks)
+        extra["sentence2"] += picks
+        extra["label"] += [0] * len(picks)
+    columns = {k: list(v) + extra[k] for k, v in data.columns.items()}
+    return Dataset(f"{data.path}+random", columns, list(range(1, len(columns["label"]) + 1)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -64,6 +85,14 @@ def main() -> None:
     parser.add_argument(
         "--negatives", type=int, default=7, help="listwise: negatives per (question, correct answer) row"
     )
+    parser.add_argument(
+        "--random-negatives",
+        type=int,
+        default=0,
+        help="bce: add this many sentences of other questions per question as negatives (teaches the model to "
+        "reject off-topic text, which two-stage retrieval over a pooled corpus puts in front of it)",
+    )
+    parser.add_argument("--top-k", type=int, default=20, help="two-stage: bi-encoder candidates re-scored")
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--output", default="runs/wikiqa-ce")
     parser.add_argument("--seed", type=int, default=42)
@@ -85,7 +114,8 @@ def main() -> None:
         )
     else:
         options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
-        task = Task("wikiqa", answerable, get_cross_loss("bce", **options))
+        rows = with_random_negatives(answerable, groups, args.random_negatives, args.seed)
+        task = Task("wikiqa", rows, get_cross_loss("bce", **options))
     config = TrainConfig(
         output=args.output,
         epochs=args.epochs,
@@ -104,12 +134,18 @@ def main() -> None:
     )
     tuned = evaluate_rerank(model, test)
     print("fine-tuned cross-encoder", json.dumps(tuned))
+    two = evaluate_two_stage(Encoder.load(args.model), model, test, top_k=args.top_k)
+    print("two-stage", json.dumps(two))
     print("\n| model | MRR@10 | NDCG@10 | MAP |\n|---|---:|---:|---:|")
     for name, result in (
         ("all-MiniLM-L6-v2 bi-encoder, zero-shot", zero_shot),
         (f"cross-encoder from all-MiniLM-L6-v2, {args.loss}, {args.epochs} epoch(s)", tuned),
     ):
         print(f"| {name} | {result['mrr@10']:.2f} | {result['ndcg@10']:.2f} | {result['map']:.2f} |")
+    print(
+        f"\ntwo-stage over the pooled {int(two['corpus'])} test candidates: bi-encoder MRR@10 {two['bi_mrr@10']:.2f}"
+        f" -> re-scored top {args.top_k} {two['reranked_mrr@10']:.2f} (recall@{args.top_k} {two[f'bi_recall@{args.top_k}']:.2f})"
+    )
 
 
 if __name__ == "__main__":
