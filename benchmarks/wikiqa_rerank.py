@@ -50,7 +50,7 @@ def listwise_rows(data, groups, negatives: int, seed: int) -> Dataset:
     return Dataset("wikiqa-train-listwise", columns, list(range(1, len(columns["anchor"]) + 1)))
 
 
-def with_random_negatives(data, groups, per_question: int, seed: int) -> Dataset:
+def with_random_negatives(data, per_question: int, seed: int) -> Dataset:
     """``data`` plus, for each question, ``per_question`` candidate sentences of other questions labelled 0."""
     if per_question <= 0:
         return data
@@ -59,8 +59,7 @@ def with_random_negatives(data, groups, per_question: int, seed: int) -> Dataset
     owner = {a: questions[r] for r in range(len(data)) for a in [answers[r]]}
     pool = list(owner)
     extra: dict[str, list] = {"sentence1": [], "sentence2": [], "label": []}
-    for rows in groups.values():
-        question = questions[rows[0]]
+    for question in dict.fromkeys(questions):
         picks = [pool[i] for i in rng.choice(len(pool), 4 * per_question)]
         picks = [a for a in picks if owner[a] != question][:per_question]
         extra["sentence1"] += [question] * len(picks)
@@ -114,7 +113,7 @@ def main() -> None:
         )
     else:
         options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
-        rows = with_random_negatives(answerable, groups, args.random_negatives, args.seed)
+        rows = with_random_negatives(answerable, args.random_negatives, args.seed)
         task = Task("wikiqa", rows, get_cross_loss("bce", **options))
     config = TrainConfig(
         output=args.output,
