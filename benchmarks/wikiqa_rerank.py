@@ -56,7 +56,7 @@ def with_random_negatives(data, per_question: int, seed: int) -> Dataset:
         return data
     rng = np.random.default_rng(seed)
     questions, answers = data.columns["sentence1"], data.columns["sentence2"]
-    owner = {a: questions[r] for r in range(len(data)) for a in [answers[r]]}
+    owner = dict(zip(answers, questions))  # sentence -> (last) question it is a candidate of
     pool = list(owner)
     extra: dict[str, list] = {"sentence1": [], "sentence2": [], "label": []}
     for question in dict.fromkeys(questions):

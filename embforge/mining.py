@@ -262,23 +262,14 @@ def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: 
 
 
 def _cached_corpus(
-    model: Any,
-    docs: list[str],
-    data: RetrievalData | Dataset,
-    config: MiningConfig,
-    folder: str | os.PathLike,
+    model: Any, docs: list[str], ids: list[str], config: MiningConfig, folder: str | os.PathLike
 ) -> np.ndarray:
-    """L2-normalised corpus embeddings from (or written to) ``folder``; fingerprinted by weights and texts."""
+    """Unit-length corpus embeddings from (or written to) ``folder``; fingerprinted by weights and texts."""
+    from embforge.mining_search import unit_rows
     from embforge.retrieval.encode import encode_corpus, model_fingerprint
 
-    ids = data.doc_ids if isinstance(data, RetrievalData) else [str(i) for i in range(len(docs))]
-    emb = np.asarray(
-        encode_corpus(
-            model, docs, ids, folder, batch_size=config.batch_size, model_tag=model_fingerprint(model)
-        ),
-        dtype=np.float32,
-    )
-    return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    tag = model_fingerprint(model)
+    return unit_rows(encode_corpus(model, docs, ids, folder, batch_size=config.batch_size, model_tag=tag))
 
 
 def mine(
@@ -334,7 +325,8 @@ def mine(
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
     if corpus_cache is not None and doc_emb is None and config.method != "bm25":
-        doc_emb = _cached_corpus(model, docs, data, config, corpus_cache)
+        ids = data.doc_ids if isinstance(data, RetrievalData) else [str(i) for i in range(len(docs))]
+        doc_emb = _cached_corpus(model, docs, ids, config, corpus_cache)
     mined = mine_positions(
         query_texts,
         positives,

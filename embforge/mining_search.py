@@ -20,9 +20,13 @@ def embed(model: Any, texts: list[str], config: Any) -> np.ndarray:
     """L2-normalised embeddings (so inner product is cosine), batched as ``config`` says."""
     from embforge.retrieval.encode import encode_texts
 
-    emb = encode_texts(model, texts, batch_size=config.batch_size, max_tokens=config.max_tokens)
-    norms = np.linalg.norm(emb, axis=1, keepdims=True)
-    return (emb / np.maximum(norms, 1e-12)).astype(np.float32)
+    return unit_rows(encode_texts(model, texts, batch_size=config.batch_size, max_tokens=config.max_tokens))
+
+
+def unit_rows(emb: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, as float32 (zero rows stay zero)."""
+    emb = np.asarray(emb, dtype=np.float32)
+    return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
 
 
 def dense_candidates(q: np.ndarray, d: np.ndarray, depth: int, index: str) -> tuple[np.ndarray, np.ndarray]:

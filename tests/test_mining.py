@@ -313,10 +313,7 @@ def test_corpus_cache_is_written_once_and_reused(tiny_encoder, tmp_path, monkeyp
     first = mine(tiny_encoder, _data(), config(), corpus_cache=tmp_path / "cache")
     assert encoded == [len(DOCS), 2] and (tmp_path / "cache" / "embeddings.npy").exists()  # corpus, queries
     again = mine(tiny_encoder, _data(), config(), corpus_cache=tmp_path / "cache")
-    assert encoded == [
-        len(DOCS),
-        2,
-        2,
-    ]  # the second run encoded the queries only: the corpus came from the cache
+    # the second run encoded the queries only: the corpus came from the cache
+    assert encoded == [len(DOCS), 2, 2]
     for rows in (first, again):
         assert rows.columns == plain.columns
