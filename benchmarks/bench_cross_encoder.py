@@ -2,7 +2,7 @@
 
 Both sides start a cross-encoder from all-MiniLM-L6-v2 (new one-logit head, same seed), fine-tune it on the same
 MRPC training pairs with binary cross-entropy, the same batch size, epochs, learning rate, warm-up, weight decay,
-clipping and max length, in full precision; then both score the same MRPC test pairs with the same batch size.
+clipping and max length, in full precision (or both in bf16 autocast with ``--amp bf16``); then both score the same MRPC test pairs with the same batch size.
 Training and prediction alternate between the two libraries round by round (so both see the same machine load)
 and the best round of each is kept. Prints pairs/s and the embforge/peer ratio, plus test accuracy/AP of each
 trained model as a sanity check (same protocol: threshold from a dev split).
@@ -28,6 +28,7 @@ from embforge.datasets.mrpc import load_mrpc
 from embforge.evaluate.pairs import best_threshold, classification_metrics
 from embforge.losses.cross import get_cross_loss
 from embforge.models import resolve_model_path
+from embforge.precision import inference_autocast
 from embforge.tasks import Task
 from embforge.train import TrainConfig, train
 
@@ -70,6 +71,7 @@ def train_peer(train_data, args, out):
         report_to="none",
         logging_steps=10_000,
         use_cpu=args.device == "cpu",
+        bf16=args.amp == "bf16",
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -95,7 +97,7 @@ def train_embforge(train_data, args, out):
         seed=args.seed,
         save_every=0,
         quiet=True,
-        amp="no",
+        amp=args.amp,
         device=args.device,
         chunk_tokens=args.chunk_tokens,
     )
@@ -122,6 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best of each is kept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both libraries)")
+    parser.add_argument("--amp", default="no", choices=("no", "bf16"), help="precision of both libraries")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
 
@@ -147,15 +150,17 @@ def main() -> None:
             for name in order:
                 model = models[name]
                 start = time.perf_counter()
-                if name == "embforge":
-                    model.predict(pairs, batch_size=args.predict_batch_size)
-                else:
-                    model.predict(pairs, batch_size=args.predict_batch_size, show_progress_bar=False)
+                with inference_autocast(args.amp):
+                    if name == "embforge":
+                        model.predict(pairs, batch_size=args.predict_batch_size)
+                    else:
+                        model.predict(pairs, batch_size=args.predict_batch_size, show_progress_bar=False)
                 predict_s[name].append(time.perf_counter() - start)
                 print(f"round {r} {name}: predict {len(pairs) / predict_s[name][-1]:.1f} pairs/s", flush=True)
             # embforge with 512-token chunks instead of fixed batches
             start = time.perf_counter()
-            models["embforge"].predict(pairs, max_tokens=512)
+            with inference_autocast(args.amp):
+                models["embforge"].predict(pairs, max_tokens=512)
             chunked_s.append(time.perf_counter() - start)
             print(
                 f"round {r} embforge 512-token chunks: predict {len(pairs) / chunked_s[-1]:.1f} pairs/s",
@@ -168,7 +173,7 @@ def main() -> None:
     print(
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
         f"{torch.__version__}, device {args.device}; model {args.model}; MRPC train {len(train_data)} pairs x {args.epochs} epoch, "
-        f"batch {args.batch_size}, max length {args.max_length}, fp32; predict {len(pairs)} pairs, "
+        f"batch {args.batch_size}, max length {args.max_length}, amp {args.amp}; predict {len(pairs)} pairs, "
         f"batch {args.predict_batch_size}; best of {args.rounds} alternating rounds\n"
     )
     print("| | embforge | sentence-transformers | ratio |")

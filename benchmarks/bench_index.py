@@ -1,4 +1,4 @@
-"""Vector index benchmark: HNSW and IVF recall@10 against exact search, and queries per second.
+"""Vector index benchmark: HNSW, IVF and fast-scan PQ recall@10 against exact search, and queries per second.
 
 Data: ``--n`` random unit vectors of ``--dim`` dimensions (default 1M x 384) and/or a folder of corpus embeddings
 written by :func:`embforge.retrieval.encode.encode_corpus` (``--embeddings``; e.g. the SciFact corpus). Queries are
@@ -59,8 +59,9 @@ def bench(name, vectors, queries, args):
     configs = [
         ("hnsw", {"m": args.hnsw_m, "ef_construction": args.ef_construction}, "ef_search", args.ef_search),
         ("ivf", {"nlist": args.nlist}, "nprobe", args.nprobe),
+        ("pq", {"pq_m": args.pq_m}, "refine", args.refine),
     ]
-    for kind, options, knob, values in configs:
+    for kind, options, knob, values in (c for c in configs if c[0] in args.kinds.split(",")):
         index = FaissIndex(vectors.shape[1], kind=kind, **options)
         t_build, _ = timed(lambda index=index: index.add(ids, vectors))
         for value in values:
@@ -90,6 +91,9 @@ def main():
     )
     parser.add_argument("--nlist", type=int, default=None)
     parser.add_argument("--nprobe", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64])
+    parser.add_argument("--pq-m", type=int, default=None, help="pq: sub-quantisers (default dim/2)")
+    parser.add_argument("--refine", type=lambda s: [int(x) for x in s.split(",")], default=[5, 10, 20])
+    parser.add_argument("--kinds", default="hnsw,ivf,pq", help="ANN kinds to run (comma-separated)")
     args = parser.parse_args()
     import faiss
 

@@ -3,6 +3,8 @@
 Same model (all-MiniLM-L6-v2), same corpus, same filters, one process. Two measurements:
 
 1. end to end (encode corpus + queries, search, filter), once per library on a corpus of ``--e2e-docs`` documents;
+   ``--amp bf16`` runs embforge's forward passes under bf16 autocast (``embforge mine --amp bf16``) and
+   ``--peer-amp bf16`` the peer's, each reported with how many negatives match the other side's;
 2. mining only, on identical cached embeddings (sentence-transformers' own ``cache_folder`` files, which embforge
    reads too), alternating the two libraries for ``--rounds`` rounds; the negatives must then be identical.
 
@@ -116,14 +118,22 @@ def run_ours(model, anchors, positives, corpus, args, emb=None):
 
 
 def agreement(ours, theirs, n):
-    if len(ours) != len(theirs):
-        return f"row count differs: {len(ours)} vs {len(theirs)}"
-    same = sum(
-        ours.columns[f"negative_{j}"][r] == theirs[f"negative_{j}"][r]
-        for r in range(len(ours))
-        for j in range(1, n + 1)
-    )
-    return f"{same}/{len(ours) * n} negatives identical ({100 * same / max(1, len(ours) * n):.2f}%)"
+    """How many negatives agree, row by row; rows are matched by (anchor, positive) when the counts differ."""
+    key = lambda anchor, positive: (anchor, positive)  # noqa: E731
+    theirs_rows = {
+        key(theirs["anchor"][r], theirs["positive"][r]): [theirs[f"negative_{j}"][r] for j in range(1, n + 1)]
+        for r in range(len(theirs))
+    }
+    same = total = 0
+    for r in range(len(ours)):
+        other = theirs_rows.get(key(ours.columns["anchor"][r], ours.columns["positive"][r]))
+        if other is None:
+            continue
+        mine = [ours.columns[f"negative_{j}"][r] for j in range(1, n + 1)]
+        same += sum(a == b for a, b in zip(mine, other))
+        total += n
+    rows = "" if len(ours) == len(theirs) else f"; rows {len(ours)} vs {len(theirs)}"
+    return f"{same}/{total} negatives identical ({100 * same / max(1, total):.2f}%){rows}"
 
 
 def main():
@@ -144,6 +154,8 @@ def main():
         help="mining-only rounds: write seeded random unit vectors as the cached embeddings instead of encoding "
         "(measures the mining stage at full SciFact scale when encoding it would take too long)",
     )
+    parser.add_argument("--amp", default="no", help="embforge's inference precision (no, bf16, auto)")
+    parser.add_argument("--peer-amp", default="no", help="the same for sentence-transformers' forward passes")
     parser.add_argument("--cache", default="runs/bench-mining")
     args = parser.parse_args()
     import sentence_transformers as st
@@ -151,6 +163,7 @@ def main():
 
     from embforge.encoder import Encoder
     from embforge.models import resolve_model_path
+    from embforge.precision import inference_autocast
 
     path = str(resolve_model_path("all-MiniLM-L6-v2"))
     st_model = st.SentenceTransformer(path, device="cpu")
@@ -162,11 +175,16 @@ def main():
     if not args.skip_e2e:
         n_docs = len(set(corpus) | set(positives))
         print(f"end to end: {len(set(anchors))} queries, {len(anchors)} pairs, corpus {n_docs}")
-        t_ours, rows_ours = run_ours(ours_model, anchors, positives, corpus, args)
+        with inference_autocast(args.amp):
+            t_ours, rows_ours = run_ours(ours_model, anchors, positives, corpus, args)
         shutil.rmtree(e2e_cache, ignore_errors=True)  # sentence-transformers must really encode here
-        t_st, rows_st = run_st(st, st_model, anchors, positives, corpus, args, e2e_cache)
+        with inference_autocast(args.peer_amp):
+            t_st, rows_st = run_st(st, st_model, anchors, positives, corpus, args, e2e_cache)
         agree = agreement(rows_ours, rows_st, args.num_negatives)
-        print(f"| end to end | {t_st:.1f} s | {t_ours:.1f} s | {t_st / t_ours:.2f}x | {agree} |")
+        print(
+            f"| end to end (peer amp {args.peer_amp}, embforge amp {args.amp}) | {t_st:.1f} s | {t_ours:.1f} s | "
+            f"{t_st / t_ours:.2f}x | {agree} |"
+        )
     # 2. mining only, on the same cached embeddings
     anchors, positives, corpus = scifact_pairs(args.docs)
     cache = f"{args.cache}/mine-{'synthetic-' if args.inject_random else ''}{len(corpus)}"

@@ -27,6 +27,7 @@ from embforge.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from embforge.precision import amp_dtype, check_amp
 from embforge.sampling import STRATEGIES, TaskPlan, row_texts, uses_in_batch_negatives
 from embforge.tasks import Task
 from embforge.weighting import DynamicWeights
@@ -75,34 +76,13 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
-        if self.amp not in ("auto", "no", "fp16", "bf16"):
-            raise ValueError(f"amp must be auto, no, fp16 or bf16, got {self.amp!r}")
+        check_amp(self.amp)
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype: bf16/fp16 on CUDA, bf16 on CPUs with native bf16 math, else full precision."""
-    if setting == "no":
-        return None
-    if setting == "fp16":
-        return torch.float16
-    if setting == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "cpu":
-        try:
-            native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            native = False
-        capability = torch.backends.cpu.get_cpu_capability()
-        return torch.bfloat16 if native and ("AMX" in capability or "AVX512" in capability) else None
-    return None
 
 
 def seed_everything(seed: int) -> None:

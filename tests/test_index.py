@@ -1,4 +1,4 @@
-"""Vector indexes: exact numpy search, FAISS flat/HNSW/IVF/IVF-PQ, save/load, bad input."""
+"""Vector indexes: exact numpy search, FAISS flat/HNSW/IVF/IVF-PQ/fast-scan PQ, save/load, bad input."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_numpy_index_is_exact(corpus):
     np.testing.assert_allclose(scores, np.take_along_axis(sims, expected, axis=1), rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq", "pq"])
 def test_faiss_kinds_recall_and_roundtrip(corpus, tmp_path, kind):
     ids, vectors, queries = corpus
     exact = NumpyIndex(16)
@@ -93,3 +93,23 @@ def test_unknown_kind_and_option():
         create_index("annoy", 4)
     with pytest.raises(ValueError, match=r"unknown option.*efsearch.*known: m, ef_construction, ef_search"):
         create_index("hnsw", 4, efsearch=10)
+
+
+def test_search_options_change_the_trade_off(corpus):
+    ids, vectors, queries = corpus
+    exact = NumpyIndex(16)
+    exact.add(ids, vectors)
+    _, truth = exact.search(queries, 10)
+    index = create_index("pq", 16, pq_m=4, refine=1)  # coarse codes, no re-ranking depth
+    index.add(ids, vectors)
+
+    def recall() -> float:
+        found = index.search(queries, 10)[1]
+        return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, truth)]))
+
+    shallow = recall()
+    index.set_search_options(refine=50)
+    assert recall() > shallow
+    assert recall() >= 0.99  # 500 of 2,000 re-ranked exactly
+    with pytest.raises(ValueError, match="pq index has no search option 'nprobe'"):
+        index.set_search_options(nprobe=4)

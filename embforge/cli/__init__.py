@@ -39,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from embforge.precision import inference_autocast
+
     try:
-        result = args.func(args)
+        with inference_autocast(getattr(args, "inference_amp", "no")):
+            result = args.func(args)
     except (ValueError, FileNotFoundError, KeyError, ImportError) as err:
         print(f"embforge {args.verb}: error: {err}", file=sys.stderr)
         return 2

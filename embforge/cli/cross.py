@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_data_args, add_model_arg
+from embforge.cli.common import add_amp_arg, add_data_args, add_model_arg
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -51,6 +51,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--top-k", type=int, default=20, help="candidates re-scored per query (default 20)"
     )
     two_stage.add_argument("--batch-size", type=int, default=64)
+    add_amp_arg(two_stage)
     two_stage.set_defaults(func=run_two_stage)
 
     bench = verbs.add_parser("bench", help="reproducible experiments (see `embforge bench cosent-vs-ce -h`)")

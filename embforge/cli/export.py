@@ -12,7 +12,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser = verbs.add_parser("export", help="export a model (ONNX)", description=__doc__)
     formats = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
     onnx = formats.add_parser("onnx", help="ONNX graph with pooling/normalisation inside; parity-checked")
-    add_model_arg(onnx)
+    add_model_arg(onnx, amp=False)
     onnx.add_argument("--output", required=True, help="folder to write")
     onnx.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic int8 graph")
     onnx.add_argument(

@@ -18,7 +18,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     add_model_arg(ev)
     _add_data(ev, default_split="test")
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
-    ev.add_argument("--index", default="exact", help="exact, flat, hnsw, ivf or ivfpq (default exact)")
+    ev.add_argument("--index", default="exact", help="exact, flat, hnsw, ivf, ivfpq or pq (default exact)")
     ev.add_argument("--corpus-cache", default=None, help="folder for resumable corpus embeddings")
     ev.add_argument("--batch-size", type=int, default=64)
     ev.add_argument("--max-seq-length", type=int, default=None)
@@ -43,7 +43,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--hard-ratio", type=float, default=1.0, help="fraction of hard negatives (rest random)"
     )
     mine.add_argument("--sampling", default="top", help="top or random (among the surviving candidates)")
-    mine.add_argument("--index", default="exact", help="dense search: exact, flat, hnsw, ivf, ivfpq")
+    mine.add_argument("--index", default="exact", help="dense search: exact, flat, hnsw, ivf, ivfpq, pq")
     mine.add_argument(
         "--cross-encoder",
         default=None,
@@ -75,7 +75,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--columns", default=None, help="corpus file column mapping, e.g. 'doc_id=_id,body=text'"
     )
     build.add_argument("--output", required=True, help="index folder to write")
-    build.add_argument("--kind", default="hnsw", help="exact, flat, hnsw, ivf or ivfpq (default hnsw)")
+    build.add_argument("--kind", default="hnsw", help="exact, flat, hnsw, ivf, ivfpq or pq (default hnsw)")
     build.add_argument("--option", action="append", metavar="NAME=VALUE", help="index option, e.g. m=32")
     build.add_argument("--batch-size", type=int, default=64)
     build.set_defaults(func=run_index_build)

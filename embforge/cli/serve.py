@@ -12,7 +12,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser = verbs.add_parser(
         "serve", help="serve embeddings, rerank and search over HTTP", description=__doc__
     )
-    add_model_arg(parser)
+    add_model_arg(parser, amp=False)
     parser.add_argument(
         "--reranker", default=None, help="cross-encoder folder (or its ONNX export) for /rerank"
     )
@@ -22,7 +22,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--index-kind",
         default="exact",
-        help="index backend for a new --index folder: exact, flat, hnsw, ivf, ivfpq (FAISS) or qdrant",
+        help="index backend for a new --index folder: exact, flat, hnsw, ivf, ivfpq, pq (FAISS) or qdrant",
     )
     parser.add_argument(
         "--backend", choices=("torch", "onnx"), default="torch", help="onnx: --model is an export"

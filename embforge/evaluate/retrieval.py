@@ -43,7 +43,7 @@ def search_run(
         data: corpus, queries, qrels.
         depth: documents kept per query.
         batch_size: texts per forward pass.
-        index: ``exact`` (numpy) or a FAISS kind (``flat``, ``hnsw``, ``ivf``, ``ivfpq``).
+        index: ``exact`` (numpy) or a FAISS kind (``flat``, ``hnsw``, ``ivf``, ``ivfpq``, ``pq``).
         corpus_cache: a folder to write corpus embeddings to (resumable, see
             :func:`embforge.retrieval.encode.encode_corpus`); ``None`` keeps them in memory.
         show_progress: progress bar while encoding the corpus.

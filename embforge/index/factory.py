@@ -8,11 +8,11 @@ from typing import Any
 
 from embforge.index.base import VectorIndex
 
-INDEX_KINDS = ("exact", "flat", "hnsw", "ivf", "ivfpq")
+INDEX_KINDS = ("exact", "flat", "hnsw", "ivf", "ivfpq", "pq")
 
 
 def create_index(kind: str, dim: int, **options: Any) -> VectorIndex:
-    """``exact`` -> :class:`NumpyIndex`; ``flat``/``hnsw``/``ivf``/``ivfpq`` -> :class:`FaissIndex`."""
+    """``exact`` -> :class:`NumpyIndex`; ``flat``/``hnsw``/``ivf``/``ivfpq``/``pq`` -> :class:`FaissIndex`."""
     if kind == "exact":
         from embforge.index.numpy_index import NumpyIndex
 

@@ -1,4 +1,4 @@
-"""FAISS indexes behind :class:`~embforge.index.base.VectorIndex`: exact flat, HNSW, IVF-flat and IVF-PQ.
+"""FAISS indexes behind :class:`~embforge.index.base.VectorIndex`: exact flat, HNSW, IVF-flat, IVF-PQ, fast-scan PQ.
 
 All use inner product (cosine for normalised vectors). String ids map to FAISS's sequential positions.
 
@@ -9,9 +9,15 @@ kind       FAISS index                                            options (defau
 ``hnsw``   ``IndexHNSWFlat(dim, m, METRIC_INNER_PRODUCT)``         ``m=32, ef_construction=200, ef_search=128``
 ``ivf``    ``IndexIVFFlat`` (k-means coarse quantiser)            ``nlist=4·√n, nprobe=16``
 ``ivfpq``  ``IndexIVFPQ`` (+ exact re-ranking of ``refine``·k)    ``nlist, nprobe, pq_m=dim/8, refine=4``
+``pq``     ``IndexPQFastScan`` (4-bit codes, SIMD scan of all)    ``pq_m=dim/2, refine=10``
+           + exact re-ranking of ``refine``·k (``IndexRefineFlat``)
 =========  =====================================================  ============================================
 
-IVF indexes train their quantiser on the vectors of the first ``add`` (which should therefore be the bulk of the
+``pq`` compares the query with every vector, but through 4-bit codes held in SIMD registers, then re-ranks the
+best ``refine``·k with the exact vectors. It needs no neighbourhood structure, so it is the kind for data where
+graphs and clusters cannot prune (near-uniform vectors, very high intrinsic dimension), and it builds in seconds.
+
+IVF and PQ indexes train their quantiser on the vectors of the first ``add`` (which should therefore be the bulk of the
 data, at least ``39 · nlist`` vectors for stable centroids; ``nlist`` is lowered to fit smaller data).
 
 Example:
@@ -37,12 +43,13 @@ from embforge.checkpoint import atomic_dir
 from embforge.index.base import VectorIndex
 from embforge.index.numpy_index import check_queries, check_vectors
 
-KINDS = ("flat", "hnsw", "ivf", "ivfpq")
+KINDS = ("flat", "hnsw", "ivf", "ivfpq", "pq")
 DEFAULTS: dict[str, dict[str, Any]] = {
     "flat": {},
     "hnsw": {"m": 32, "ef_construction": 200, "ef_search": 128},
     "ivf": {"nlist": None, "nprobe": 16},
     "ivfpq": {"nlist": None, "nprobe": 16, "pq_m": None, "pq_bits": 8, "refine": 4},
+    "pq": {"pq_m": None, "refine": 10},
 }
 
 
@@ -78,6 +85,11 @@ class FaissIndex(VectorIndex):
             index.hnsw.efConstruction = int(o["ef_construction"])
             index.hnsw.efSearch = int(o["ef_search"])
             return index
+        if self.kind == "pq":
+            o["pq_m"] = self._pq_m(2)
+            refined = faiss.IndexRefineFlat(faiss.IndexPQFastScan(self.dim, o["pq_m"], 4, ip))
+            refined.k_factor = float(o["refine"])
+            return refined
         nlist = int(o["nlist"] or max(1, round(4 * math.sqrt(n_train))))
         nlist = max(1, min(nlist, n_train // 39 or 1))
         o["nlist"] = nlist
@@ -85,16 +97,20 @@ class FaissIndex(VectorIndex):
         if self.kind == "ivf":
             index = faiss.IndexIVFFlat(quantizer, self.dim, nlist, ip)
         else:
-            pq_m = int(o["pq_m"] or max(1, self.dim // 8))
-            if self.dim % pq_m:
-                raise ValueError(f"FAISS ivfpq: pq_m={pq_m} must divide the dimension {self.dim}")
-            o["pq_m"] = pq_m
-            index = faiss.IndexIVFPQ(quantizer, self.dim, nlist, pq_m, int(o["pq_bits"]), ip)
+            o["pq_m"] = self._pq_m(8)
+            index = faiss.IndexIVFPQ(quantizer, self.dim, nlist, o["pq_m"], int(o["pq_bits"]), ip)
         index.nprobe = min(int(o["nprobe"]), nlist)
         if self.kind == "ivfpq" and o["refine"]:
             index = faiss.IndexRefineFlat(index)
             index.k_factor = float(o["refine"])
         return index
+
+    def _pq_m(self, dims_per_code: int) -> int:
+        """The ``pq_m`` option (default: one sub-quantiser per ``dims_per_code`` dimensions); it must divide dim."""
+        pq_m = int(self.options["pq_m"] or max(1, self.dim // dims_per_code))
+        if self.dim % pq_m:
+            raise ValueError(f"FAISS {self.kind}: pq_m={pq_m} must divide the dimension {self.dim}")
+        return pq_m
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         array = check_vectors(ids, vectors, self.dim, self._positions)
@@ -147,17 +163,26 @@ class FaissIndex(VectorIndex):
         index.set_search_options()
         return index
 
-    def set_search_options(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None:
-        """Change the speed/recall trade-off at search time (``ef_search`` for HNSW, ``nprobe`` for IVF)."""
-        if ef_search is not None:
-            self.options["ef_search"] = ef_search
-        if nprobe is not None:
-            self.options["nprobe"] = nprobe
+    def set_search_options(
+        self, *, ef_search: int | None = None, nprobe: int | None = None, refine: float | None = None
+    ) -> None:
+        """Change the speed/recall trade-off at search time: ``ef_search`` (HNSW), ``nprobe`` (IVF kinds),
+        ``refine`` (PQ kinds: candidates re-ranked exactly, as a multiple of k)."""
+        for name, value in (("ef_search", ef_search), ("nprobe", nprobe), ("refine", refine)):
+            if value is not None:
+                if name not in self.options:
+                    raise ValueError(f"FAISS {self.kind} index has no search option {name!r}")
+                self.options[name] = value
+        if self.index is None:
+            return
         if self.kind == "hnsw":
             self.index.hnsw.efSearch = int(self.options["ef_search"])
-        elif self.kind in ("ivf", "ivfpq") and self.index is not None:
+        if self.kind in ("ivf", "ivfpq"):
             ivf = self.faiss.extract_index_ivf(self.index)
             ivf.nprobe = min(int(self.options["nprobe"]), ivf.nlist)
+        refined = self.faiss.downcast_index(self.index)
+        if isinstance(refined, self.faiss.IndexRefine):
+            refined.k_factor = float(self.options["refine"])
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -26,6 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from embforge.checkpoint import write_text_atomic
+from embforge.precision import autocast_tag
 
 EMBEDDINGS = "embeddings.npy"
 IDS = "ids.txt"
@@ -33,8 +34,8 @@ PROGRESS = "progress.json"
 
 
 def fingerprint(ids: Sequence[str], texts: Sequence[str], model_tag: str, dim: int) -> str:
-    """A hash of everything that decides the embeddings, so a resume never mixes two different runs."""
-    digest = hashlib.sha256(f"{model_tag}\0{dim}\0{len(ids)}".encode())
+    """A hash of everything that decides the embeddings (autocast included), so a resume never mixes two runs."""
+    digest = hashlib.sha256(f"{model_tag}\0{dim}\0{len(ids)}\0{autocast_tag()}".encode())
     for doc_id, text in zip(ids, texts):
         digest.update(doc_id.encode())
         digest.update(b"\0")

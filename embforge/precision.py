@@ -1,0 +1,74 @@
+"""Mixed precision: which autocast dtype a setting means on a device, and an inference context for the CLI.
+
+Settings (``TrainConfig.amp`` and the ``--amp`` flag of the inference verbs): ``no`` (full fp32), ``bf16``,
+``fp16``, ``auto`` (bf16 on CUDA where supported else fp16; bf16 on CPUs with native bf16 math — AVX512-BF16 or
+AMX, e.g. AMD Zen 4, Intel Sapphire Rapids — else fp32).
+
+On such a CPU, bf16 autocast roughly halves the time of encoding (matrix products in bf16, layer norms and softmax
+kept in fp32): measured 2x on all-MiniLM-L6-v2 over SciFact abstracts with embeddings at cosine >= 0.99997 to
+fp32 (``benchmarks/README.md``). Inference defaults to ``no`` so that evaluation figures are full precision unless
+asked otherwise.
+
+Example:
+    >>> import torch
+    >>> with inference_autocast("no"):
+    ...     torch.is_autocast_enabled("cpu")
+    False
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+AMP_SETTINGS = ("auto", "no", "fp16", "bf16")
+
+
+def check_amp(setting: str) -> str:
+    """``setting`` if it is one of :data:`AMP_SETTINGS`, else a ``ValueError`` naming them."""
+    if setting not in AMP_SETTINGS:
+        raise ValueError(f"amp must be one of {', '.join(AMP_SETTINGS)}, got {setting!r}")
+    return setting
+
+
+def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``setting`` on ``device``, or None for full precision."""
+    check_amp(setting)
+    if setting == "no":
+        return None
+    if setting == "fp16":
+        return torch.float16
+    if setting == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu":
+        try:
+            native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            native = False
+        capability = torch.backends.cpu.get_cpu_capability()
+        return torch.bfloat16 if native and ("AMX" in capability or "AVX512" in capability) else None
+    return None
+
+
+@contextlib.contextmanager
+def inference_autocast(setting: str) -> Iterator[None]:
+    """Autocast every forward inside (CPU, and CUDA when present) as ``setting`` says; ``no`` changes nothing."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+            dtype = amp_dtype(setting, torch.device(device_type))
+            if dtype is not None:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+        yield
+
+
+def autocast_tag() -> str:
+    """The autocast state in force, e.g. ``"cpu:bfloat16"`` (``"fp32"`` when none): cached embeddings key on it."""
+    active = []
+    for device_type in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device_type):
+            active.append(f"{device_type}:{str(torch.get_autocast_dtype(device_type)).removeprefix('torch.')}")
+    return ",".join(active) or "fp32"
