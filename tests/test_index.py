@@ -113,3 +113,18 @@ def test_search_options_change_the_trade_off(corpus):
     assert recall() >= 0.99  # 500 of 2,000 re-ranked exactly
     with pytest.raises(ValueError, match="pq index has no search option 'nprobe'"):
         index.set_search_options(nprobe=4)
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_tiled_exact_top_k_breaks_ties_by_position_across_tiles(monkeypatch, k):
+    from embforge.index import numpy_index
+
+    monkeypatch.setattr(numpy_index, "_CHUNK_ENTRIES", 64)  # 7 queries x blocks of 9 vectors: many tiles
+    rng = np.random.default_rng(3)
+    vectors = rng.integers(-2, 3, size=(100, 4)).astype(np.float32)  # few distinct scores: ties everywhere
+    queries = rng.integers(-2, 3, size=(7, 4)).astype(np.float32)
+    scores, positions = numpy_index.topk_inner_product(queries, vectors, k)
+    sims = queries @ vectors.T
+    expected = np.lexsort((np.broadcast_to(np.arange(100), sims.shape), -sims), axis=1)[:, :k]
+    np.testing.assert_array_equal(positions, expected)
+    np.testing.assert_array_equal(scores, np.take_along_axis(sims, expected, axis=1))
