@@ -3,7 +3,7 @@
 Data: ``--n`` random unit vectors of ``--dim`` dimensions (default 1M x 384) and/or a folder of corpus embeddings
 written by :func:`embforge.retrieval.encode.encode_corpus` (``--embeddings``; e.g. the SciFact corpus). Queries are
 ``--queries`` random unit vectors (random data) or held-out corpus vectors (embeddings). Exact search is embforge's
-numpy :class:`NumpyIndex` (chunked BLAS) and FAISS ``IndexFlatIP``; each ANN setting is timed over the same queries
+numpy :class:`NumpyIndex` (tiled BLAS + torch top-k) and FAISS ``IndexFlatIP``; each ANN setting is timed over the same queries
 (single batch call, all threads), recall@10 = overlap of its top-10 with the exact top-10.
 
 Run: ``HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python benchmarks/bench_index.py --n 1000000``

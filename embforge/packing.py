@@ -142,16 +142,18 @@ def dropout(x: Tensor, p: float) -> Tensor:
     """Inverted dropout (training mode) with a cheaper mask on CPU; ``F.dropout`` elsewhere.
 
     On CPU ``F.dropout``'s per-element Bernoulli draw is the single largest cost after the matrix products (~14 % of
-    a cross-encoder training step). Here the mask comes from 15-bit integers (``int16.random_()`` from torch's
-    seeded generator, so runs stay reproducible and resumable): an element is kept when its draw is at least
-    ``round(p * 32768)``, i.e. with probability ``1 - p`` to within 2e-5, and scaled by ``1 / (1 - p)``.
+    a cross-encoder training step). Here the mask comes from 15-bit integers cut out of 64-bit draws of torch's
+    seeded generator (four per draw, so runs stay reproducible and resumable, at ~2.5x less generator time than
+    one draw per element): an element is kept when its draw is at least ``round(p * 32768)``, i.e. with
+    probability ``1 - p`` to within 2e-5, and scaled by ``1 / (1 - p)``.
     """
     if p <= 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
-    draws = torch.empty(x.shape, dtype=torch.int16).random_()
-    scaled_keep = (draws >= round(p * 32768)).to(x.dtype).mul_(1.0 / (1.0 - p))
+    n = x.numel()
+    draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_().view(torch.int16)[:n].view(x.shape)
+    scaled_keep = ((draws & 0x7FFF) >= round(p * 32768)).to(x.dtype).mul_(1.0 / (1.0 - p))
     return x * scaled_keep
 
 
