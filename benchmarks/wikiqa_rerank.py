@@ -69,6 +69,35 @@ def with_random_negatives(data, per_question: int, seed: int) -> Dataset:
     return Dataset(f"{data.path}+random", columns, list(range(1, len(columns["label"]) + 1)))
 
 
+def with_mined_negatives(data, per_question: int, model_name: str) -> Dataset:
+    """``data`` plus, for each question, the ``per_question`` sentences the zero-shot bi-encoder ranks highest in
+    the pooled training corpus among those that are *not* candidates of that question, labelled 0: the off-article
+    text a retriever over a pooled corpus puts in front of the reranker."""
+    if per_question <= 0:
+        return data
+    from embforge.index.numpy_index import topk_inner_product
+
+    questions, answers = data.columns["sentence1"], data.columns["sentence2"]
+    own: dict[str, set[str]] = {}
+    for q, a in zip(questions, answers):
+        own.setdefault(q, set()).add(a)
+    pool, unique_questions = list(dict.fromkeys(answers)), list(own)
+    encoder = Encoder.load(model_name)
+    _, top = topk_inner_product(
+        encoder.encode(unique_questions, normalize=True),
+        encoder.encode(pool, normalize=True),
+        per_question + max(len(v) for v in own.values()),
+    )
+    extra: dict[str, list] = {"sentence1": [], "sentence2": [], "label": []}
+    for question, row in zip(unique_questions, top):
+        picks = [pool[p] for p in row if pool[p] not in own[question]][:per_question]
+        extra["sentence1"] += [question] * len(picks)
+        extra["sentence2"] += picks
+        extra["label"] += [0] * len(picks)
+    columns = {k: list(v) + extra[k] for k, v in data.columns.items()}
+    return Dataset(f"{data.path}+mined", columns, list(range(1, len(columns["label"]) + 1)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,6 +119,13 @@ def main() -> None:
         default=0,
         help="bce: add this many sentences of other questions per question as negatives (teaches the model to "
         "reject off-topic text, which two-stage retrieval over a pooled corpus puts in front of it)",
+    )
+    parser.add_argument(
+        "--mined-negatives",
+        type=int,
+        default=0,
+        help="bce: add the bi-encoder's top N sentences of other questions (pooled train corpus) per question as "
+        "negatives — the reranker then trains on the retriever's own off-article candidates",
     )
     parser.add_argument("--top-k", type=int, default=20, help="two-stage: bi-encoder candidates re-scored")
     parser.add_argument("--max-seq-length", type=int, default=128)
@@ -114,6 +150,7 @@ def main() -> None:
     else:
         options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
         rows = with_random_negatives(answerable, args.random_negatives, args.seed)
+        rows = with_mined_negatives(rows, args.mined_negatives, args.model)
         task = Task("wikiqa", rows, get_cross_loss("bce", **options))
     config = TrainConfig(
         output=args.output,

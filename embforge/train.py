@@ -65,6 +65,7 @@ class TrainConfig:
     sampling_alpha: float = 0.5
     dynamic_weights_every: int = 0
     dynamic_weights_smoothing: float = 0.5
+    dynamic_weights_relative: bool = False
     resume: bool = False
     quiet: bool = False
 
@@ -170,6 +171,7 @@ def train(
             weights,
             every=config.dynamic_weights_every,
             smoothing=config.dynamic_weights_smoothing,
+            relative=config.dynamic_weights_relative,
             names=[t.name for t in tasks],
         )
         if config.dynamic_weights_every

@@ -7,7 +7,10 @@ Every ``every`` optimiser steps the weights move toward each task's share of the
     \\bar L_t = \\text{mean loss of task } t \\text{ over the last window}, \\qquad
     w_t \\leftarrow (1 - \\beta)\\, w_t + \\beta\\, \\frac{\\bar L_t}{\\sum_s \\bar L_s}
 
-with ``β = smoothing`` and the weights first normalised to sum to 1. A task that gave no batch in the window
+with ``β = smoothing`` and the weights first normalised to sum to 1. With ``relative=True`` each task's mean is
+first divided by its own first window's mean (``\bar L_t / \bar L_t^{(0)}``, the "loss ratio" of DWA-style
+schemes), so that tasks are compared by how far their loss has come down rather than by its scale — otherwise a
+CoSENT task (loss ~7) outweighs an InfoNCE task (~0.6) whatever their progress. A task that gave no batch in the window
 keeps its previous mean (or, if it has none yet, its current weight as its target), so rarely sampled tasks
 are not starved. Weights never drop below ``floor`` (then are renormalised) so every task keeps being seen.
 The state is a plain dict saved with the trainer's progress, so a resumed run continues the same schedule.
@@ -36,6 +39,7 @@ class DynamicWeights:
         every: int,
         smoothing: float = 0.5,
         floor: float = 0.0,
+        relative: bool = False,
         names: Sequence[str] | None = None,
     ) -> None:
         if every < 1:
@@ -53,6 +57,8 @@ class DynamicWeights:
         self.every = every
         self.smoothing = smoothing
         self.floor = floor
+        self.relative = relative
+        self.initial: list[float | None] = [None] * len(weights)
         self.names = list(names) if names is not None else [str(i) for i in range(len(weights))]
         self.sums = [0.0] * len(weights)
         self.counts = [0] * len(weights)
@@ -75,14 +81,17 @@ class DynamicWeights:
         for t, (total, count) in enumerate(zip(self.sums, self.counts)):
             if count:
                 self.means[t] = total / count
-        known = [m for m in self.means if m is not None]
+                if self.initial[t] is None:
+                    self.initial[t] = self.means[t]
+        progress = [
+            None if m is None else m / i if self.relative and i else m for m, i in zip(self.means, self.initial)
+        ]
+        known = [m for m in progress if m is not None]
         if known and sum(known) > 0:
             total_known = sum(known)
-            share_known = sum(w for w, m in zip(self.weights, self.means) if m is not None)
+            share_known = sum(w for w, m in zip(self.weights, progress) if m is not None)
             # tasks not seen yet aim at their current weight; the seen ones share the rest by loss
-            target = [
-                w if m is None else share_known * m / total_known for w, m in zip(self.weights, self.means)
-            ]
+            target = [w if m is None else share_known * m / total_known for w, m in zip(self.weights, progress)]
             beta = self.smoothing
             new = [(1 - beta) * w + beta * g for w, g in zip(self.weights, target)]
             new = [max(w, self.floor) for w in new]
@@ -97,7 +106,13 @@ class DynamicWeights:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (weights, the current window and the last means)."""
-        return {"weights": self.weights, "sums": self.sums, "counts": self.counts, "means": self.means}
+        return {
+            "weights": self.weights,
+            "sums": self.sums,
+            "counts": self.counts,
+            "means": self.means,
+            "initial": self.initial,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["weights"]) != len(self.weights):
@@ -108,3 +123,4 @@ class DynamicWeights:
         self.sums = [float(s) for s in state["sums"]]
         self.counts = [int(c) for c in state["counts"]]
         self.means = [None if m is None else float(m) for m in state["means"]]
+        self.initial = [None if m is None else float(m) for m in state.get("initial", [None] * len(self.weights))]

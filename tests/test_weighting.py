@@ -71,3 +71,23 @@ def test_floor_and_state_round_trip():
 def test_bad_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DynamicWeights([1.0], **kwargs)
+
+
+def test_relative_weights_compare_progress_not_loss_scale():
+    """Task a's loss is 10x b's but falls by half; b's does not fall: relative weighting favours b."""
+    dw = DynamicWeights([1.0, 1.0], every=2, smoothing=1.0, relative=True, names=["a", "b"])
+    plain = DynamicWeights([1.0, 1.0], every=2, smoothing=1.0, names=["a", "b"])
+    for step, (a, b) in enumerate([(10.0, 1.0), (5.0, 1.0)], start=1):
+        for weights in (dw, plain):
+            weights.observe(0, a)
+            weights.observe(1, b)
+            weights.step(2 * step - 1)
+            record = weights.step(2 * step)
+    assert record is not None
+    # first window: both ratios are 1 -> equal weights; second: ratios 0.5 and 1 -> 1/3 and 2/3
+    np.testing.assert_allclose(dw.weights, [1 / 3, 2 / 3])
+    np.testing.assert_allclose(plain.weights, [5 / 6, 1 / 6])  # by scale, a dominates
+    state = json.loads(json.dumps(dw.state_dict()))
+    again = DynamicWeights([1.0, 1.0], every=2, smoothing=1.0, relative=True)
+    again.load_state_dict(state)
+    assert again.initial == [10.0, 1.0]
