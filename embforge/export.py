@@ -105,6 +105,19 @@ def _eager(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
+def _write_graphs(
+    graph: Any, args: tuple, out: Path, inputs: list[str], output: str, tokenizer: Any, quantize: str | None
+) -> dict[str, str]:
+    """The fp32 graph, the tokenizer files and (``quantize="int8"``) the int8 copy; returns the ``files`` record."""
+    _export(graph, args, out / FP32_FILE, inputs, output)
+    tokenizer.save_pretrained(out)
+    files = {"fp32": FP32_FILE}
+    if quantize == "int8":
+        quantize_int8(out / FP32_FILE, out / INT8_FILE)
+        files["int8"] = INT8_FILE
+    return files
+
+
 def _export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], output: str) -> None:
     require("onnx")
     dynamic = {name: {0: "batch", 1: "sequence"} for name in inputs}
@@ -216,12 +229,10 @@ def _export_bi_encoder(
     from embforge.batching import pad_ids
 
     batch, mask = pad_ids(ids, encoder.pad_token_id, device=torch.device("cpu"))
-    _export(graph, (batch, mask), out / FP32_FILE, ["input_ids", "attention_mask"], "sentence_embedding")
-    encoder.tokenizer.save_pretrained(out)
-    files = {"fp32": FP32_FILE}
-    if quantize == "int8":
-        quantize_int8(out / FP32_FILE, out / INT8_FILE)
-        files["int8"] = INT8_FILE
+    inputs = ["input_ids", "attention_mask"]
+    files = _write_graphs(
+        graph, (batch, mask), out, inputs, "sentence_embedding", encoder.tokenizer, quantize
+    )
     meta: dict[str, Any] = {
         "format": 1,
         "kind": "bi-encoder",
@@ -280,12 +291,7 @@ def _export_cross_encoder(
     token_types = enc.get("token_type_ids", torch.zeros_like(enc["input_ids"]))
     args = (enc["input_ids"], enc["attention_mask"], token_types)
     inputs = ["input_ids", "attention_mask", "token_type_ids"]
-    _export(CrossEncoderGraph(ce.model), args, out / FP32_FILE, inputs, "logits")
-    ce.tokenizer.save_pretrained(out)
-    files = {"fp32": FP32_FILE}
-    if quantize == "int8":
-        quantize_int8(out / FP32_FILE, out / INT8_FILE)
-        files["int8"] = INT8_FILE
+    files = _write_graphs(CrossEncoderGraph(ce.model), args, out, inputs, "logits", ce.tokenizer, quantize)
     meta: dict[str, Any] = {
         "format": 1,
         "kind": "cross-encoder",

@@ -70,5 +70,7 @@ def autocast_tag() -> str:
     active = []
     for device_type in ("cpu", "cuda"):
         if torch.is_autocast_enabled(device_type):
-            active.append(f"{device_type}:{str(torch.get_autocast_dtype(device_type)).removeprefix('torch.')}")
+            active.append(
+                f"{device_type}:{str(torch.get_autocast_dtype(device_type)).removeprefix('torch.')}"
+            )
     return ",".join(active) or "fp32"

@@ -84,14 +84,17 @@ class DynamicWeights:
                 if self.initial[t] is None:
                     self.initial[t] = self.means[t]
         progress = [
-            None if m is None else m / i if self.relative and i else m for m, i in zip(self.means, self.initial)
+            None if m is None else m / i if self.relative and i else m
+            for m, i in zip(self.means, self.initial)
         ]
         known = [m for m in progress if m is not None]
         if known and sum(known) > 0:
             total_known = sum(known)
             share_known = sum(w for w, m in zip(self.weights, progress) if m is not None)
             # tasks not seen yet aim at their current weight; the seen ones share the rest by loss
-            target = [w if m is None else share_known * m / total_known for w, m in zip(self.weights, progress)]
+            target = [
+                w if m is None else share_known * m / total_known for w, m in zip(self.weights, progress)
+            ]
             beta = self.smoothing
             new = [(1 - beta) * w + beta * g for w, g in zip(self.weights, target)]
             new = [max(w, self.floor) for w in new]
@@ -123,4 +126,6 @@ class DynamicWeights:
         self.sums = [float(s) for s in state["sums"]]
         self.counts = [int(c) for c in state["counts"]]
         self.means = [None if m is None else float(m) for m in state["means"]]
-        self.initial = [None if m is None else float(m) for m in state.get("initial", [None] * len(self.weights))]
+        self.initial = [
+            None if m is None else float(m) for m in state.get("initial", [None] * len(self.weights))
+        ]

@@ -7,6 +7,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def check_temperature(temperature: float) -> float:
+    """``temperature`` if it is > 0 (it divides the logits), else a ``ValueError``."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return float(temperature)
+
+
 class EmbeddingLoss(nn.Module):
     """Base class of bi-encoder losses.
 

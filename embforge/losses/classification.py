@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embforge.losses.base import EmbeddingLoss, cosine_matrix
+from embforge.losses.base import EmbeddingLoss, check_temperature, cosine_matrix
 
 
 def _check(embeddings: list[Tensor], labels: Tensor | None, name: str) -> tuple[Tensor, Tensor]:
@@ -54,9 +54,7 @@ class PrototypeLoss(EmbeddingLoss):
         super().__init__()
         if num_labels < 2:
             raise ValueError(f"the prototype loss needs at least 2 labels, got {num_labels}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
+        self.temperature = check_temperature(temperature)
         self.num_labels = num_labels
         self.prototypes = nn.Parameter(torch.randn(num_labels, dim) / math.sqrt(dim))
 
@@ -96,9 +94,7 @@ class ClusterLoss(EmbeddingLoss):
 
     def __init__(self, temperature: float = 0.05) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
+        self.temperature = check_temperature(temperature)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         e, y = _check(embeddings, labels, self.name)
@@ -133,9 +129,7 @@ class SupConLoss(EmbeddingLoss):
 
     def __init__(self, temperature: float = 0.05) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
+        self.temperature = check_temperature(temperature)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         e, y = _check(embeddings, labels, self.name)

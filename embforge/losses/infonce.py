@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from embforge.losses.base import EmbeddingLoss, cosine_matrix
+from embforge.losses.base import EmbeddingLoss, check_temperature, cosine_matrix
 
 
 class InfoNCELoss(EmbeddingLoss):
@@ -27,9 +27,7 @@ class InfoNCELoss(EmbeddingLoss):
 
     def __init__(self, temperature: float = 0.05, symmetric: bool = False) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
+        self.temperature = check_temperature(temperature)
         self.symmetric = symmetric
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
