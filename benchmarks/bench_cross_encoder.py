@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import embforge_train_config, peer_training_args
 
 from embforge.cross_encoder import CrossEncoder
 from embforge.datasets.mrpc import load_mrpc
@@ -30,7 +31,7 @@ from embforge.losses.cross import get_cross_loss
 from embforge.models import resolve_model_path
 from embforge.precision import inference_autocast
 from embforge.tasks import Task
-from embforge.train import TrainConfig, train
+from embforge.train import train
 
 
 def quality(predict, test, dev) -> dict[str, float]:
@@ -58,23 +59,7 @@ def train_peer(train_data, args, out):
             "label": [float(x) for x in train_data.columns["label"]],
         }
     )
-    targs = CrossEncoderTrainingArguments(
-        output_dir=str(out),
-        num_train_epochs=args.epochs,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        warmup_ratio=0.1,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        seed=args.seed,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10_000,
-        use_cpu=args.device == "cpu",
-        bf16=args.amp == "bf16",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    targs = peer_training_args(CrossEncoderTrainingArguments, args, out)
     trainer = CrossEncoderTrainer(
         model=model, args=targs, train_dataset=dataset, loss=BinaryCrossEntropyLoss(model)
     )
@@ -86,21 +71,7 @@ def train_peer(train_data, args, out):
 def train_embforge(train_data, args, out):
     torch.manual_seed(args.seed)
     model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_length, device=args.device)
-    config = TrainConfig(
-        output=str(out),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_ratio=0.1,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        seed=args.seed,
-        save_every=0,
-        quiet=True,
-        amp=args.amp,
-        device=args.device,
-        chunk_tokens=args.chunk_tokens,
-    )
+    config = embforge_train_config(args, out, chunk_tokens=args.chunk_tokens)
     start = time.perf_counter()
     train(model, [Task("mrpc", train_data, get_cross_loss("bce"))], config)
     return model, time.perf_counter() - start

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
+from _common import embforge_train_config, peer_training_args
 
 from embforge.data import read_table
 from embforge.encoder import Encoder
@@ -30,7 +31,7 @@ from embforge.metrics import correlations, pair_scores
 from embforge.models import resolve_model_path
 from embforge.paths import data_root
 from embforge.tasks import Task
-from embforge.train import TrainConfig, train
+from embforge.train import train
 
 
 class PeakRSS:
@@ -82,23 +83,7 @@ def run_peer(loss_name, train_data, test, args, out):
             "score": scores.tolist(),
         }
     )
-    targs = SentenceTransformerTrainingArguments(
-        output_dir=str(out),
-        num_train_epochs=args.epochs,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        warmup_steps=0.1,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        seed=args.seed,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10_000,
-        use_cpu=args.device == "cpu",
-        bf16=args.amp == "bf16",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    targs = peer_training_args(SentenceTransformerTrainingArguments, args, out)
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=dataset, loss=loss)
     with PeakRSS() as mem:
         start = time.perf_counter()
@@ -113,20 +98,7 @@ def run_peer(loss_name, train_data, test, args, out):
 
 def run_embforge(loss_name, train_data, test, args, out):
     model = Encoder.load(args.model)
-    config = TrainConfig(
-        output=str(out),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_ratio=0.1,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        seed=args.seed,
-        save_every=0,
-        quiet=True,
-        device=args.device,
-        amp=args.amp,
-    )
+    config = embforge_train_config(args, out)
     with PeakRSS() as mem:
         start = time.perf_counter()
         train(model, [Task("stsb", train_data, get_loss(loss_name))], config)
