@@ -90,7 +90,9 @@ class Encoder(PromptTokenizing, nn.Module):
         """
         if supports_packing(self.backbone):  # padding-free: same values, less work (embforge/packing.py)
             batch = pack(ids, max_tokens=max_tokens, device=self.device)
-            emb = pool_packed(packed_hidden(self.backbone, batch), batch, self.pooling).float()
+            first_only = self.pooling == "cls"  # the last layer then skips what CLS pooling never reads
+            hidden = packed_hidden(self.backbone, batch, first_tokens_only=first_only)
+            emb = (hidden if first_only else pool_packed(hidden, batch, self.pooling)).float()
             emb = F.normalize(emb, p=2, dim=-1) if self.normalize else emb
             return emb[batch.inverse]
         order = sort_by_length(ids)

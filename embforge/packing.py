@@ -194,28 +194,64 @@ def _add_norm(block: Any, x: Tensor, residual: Tensor) -> Tensor:
     return block.LayerNorm(dropout(block.dense(x), p) + residual)
 
 
-def packed_hidden(backbone: Any, batch: PackedBatch) -> Tensor:
+def packed_hidden(backbone: Any, batch: PackedBatch, *, first_tokens_only: bool = False) -> Tensor:
     """Last hidden states ``(tokens, hidden)`` of a ``BertModel`` for a :class:`PackedBatch`.
 
     Calls the backbone's own embedding, projection, feed-forward and layer-norm modules (dropout with the
     modules' own probabilities, see :func:`dropout`), so autocast and train/eval mode behave as in its forward.
+
+    ``first_tokens_only=True`` returns only each text's first token (``(texts, hidden)``, packed order) — all that
+    CLS pooling and a cross-encoder's head read. The last layer then needs keys and values of every token but
+    queries, attention output, feed-forward and layer norms for the first tokens only: the same values and
+    gradients for what is returned, and ~14 % fewer operations for a 6-layer model (5/6 of the last layer's).
     """
     types = None if batch.token_type_ids is None else batch.token_type_ids[None]
     hidden = backbone.embeddings(
         input_ids=batch.input_ids[None], token_type_ids=types, position_ids=batch.position_ids[None]
     )[0]
-    for layer in backbone.encoder.layer:
+    layers = backbone.encoder.layer
+    for number, layer in enumerate(layers):
         attention = layer.attention.self
-        weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
-        bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
-        qkv = F.linear(hidden, weight, bias)
         scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
-        context = _attend(
-            qkv, batch, attention.num_attention_heads, attention.dropout.p, scale, attention.training
-        )
-        attended = _add_norm(layer.attention.output, context, hidden)
+        heads, p = attention.num_attention_heads, attention.dropout.p if attention.training else 0.0
+        if first_tokens_only and number == len(layers) - 1:
+            residual = hidden.index_select(0, batch.offsets)
+            weight = torch.cat([attention.key.weight, attention.value.weight])
+            bias = torch.cat([attention.key.bias, attention.value.bias])
+            kv = F.linear(hidden, weight, bias)
+            context = _attend_first(attention.query(residual), kv, batch, heads, p, scale)
+        else:
+            residual = hidden
+            weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
+            bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
+            qkv = F.linear(hidden, weight, bias)
+            context = _attend(qkv, batch, heads, attention.dropout.p, scale, attention.training)
+        attended = _add_norm(layer.attention.output, context, residual)
         hidden = _add_norm(layer.output, layer.intermediate(attended), attended)
     return hidden
+
+
+def _attend_first(
+    q: Tensor, kv: Tensor, batch: PackedBatch, heads: int, dropout_p: float, scale: float
+) -> Tensor:
+    """Attention of each text's first token over its own tokens: queries ``(texts, hidden)`` (packed order) and
+    keys/values ``(tokens, 2 * hidden)`` -> ``(texts, hidden)``. ``dropout_p`` is 0 outside training."""
+    hidden = q.shape[1]
+    head_dim = hidden // heads
+    outputs, first = [], 0
+    for g in batch.groups:
+        part = kv[g.start : g.end]
+        if g.slots is not None:
+            part = part.new_zeros(g.texts * g.width, 2 * hidden).index_copy(0, g.slots, part)
+        k, v = part.view(g.texts, g.width, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        query = q[first : first + g.texts].view(g.texts, heads, 1, head_dim)
+        scores = torch.matmul(query, k.transpose(-1, -2)) * scale  # (texts, heads, 1, width)
+        if g.key_mask is not None:
+            scores = scores.masked_fill(~g.key_mask, float("-inf"))
+        context = torch.matmul(dropout(scores.softmax(dim=-1), dropout_p), v)
+        outputs.append(context.reshape(g.texts, hidden))
+        first += g.texts
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 def pool_packed(hidden: Tensor, batch: PackedBatch, mode: str) -> Tensor:
@@ -236,6 +272,6 @@ def pool_packed(hidden: Tensor, batch: PackedBatch, mode: str) -> Tensor:
 
 def packed_logits(model: Any, batch: PackedBatch) -> Tensor:
     """Logits ``(texts, num_labels)`` of a ``BertForSequenceClassification``, in packed order."""
-    hidden = packed_hidden(model.bert, batch)
-    pooled = model.bert.pooler.activation(model.bert.pooler.dense(hidden.index_select(0, batch.offsets)))
+    first = packed_hidden(model.bert, batch, first_tokens_only=True)
+    pooled = model.bert.pooler.activation(model.bert.pooler.dense(first))
     return model.classifier(dropout(pooled, model.dropout.p if model.training else 0.0))

@@ -81,6 +81,42 @@ def test_packed_cross_encoder_logits_equal_the_padded_model():
     torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("max_tokens", [8, 30, 4096])
+def test_first_tokens_only_gives_the_cls_states_and_their_gradients(tiny_encoder, max_tokens):
+    backbone = tiny_encoder.backbone
+    backbone.train()
+    without_dropout(backbone)
+    batch = pack(tiny_encoder.tokenize_ids(TEXTS), max_tokens=max_tokens)
+    weights = torch.randn(len(TEXTS), backbone.config.hidden_size)
+    full = pool_packed(packed_hidden(backbone, batch), batch, "cls")
+    (full * weights).sum().backward()
+    expected = grads(backbone)
+    backbone.zero_grad()
+    first = packed_hidden(backbone, batch, first_tokens_only=True)
+    (first * weights).sum().backward()
+    torch.testing.assert_close(first, full, atol=1e-5, rtol=1e-5)
+    got = grads(backbone)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_cross_encoder_gradients_equal_the_padded_model():
+    ce = make_cross_encoder()
+    ce.train()
+    without_dropout(ce.model)
+    ce.model.dropout.p = 0.0
+    items = ce.tokenize_ids([a for a, _ in PAIRS], [b for _, b in PAIRS])
+    weights = torch.randn(len(items), ce.num_labels)
+    (torch.cat([ce(*ce.pad([item])) for item in items]) * weights).sum().backward()
+    expected = grads(ce.model)
+    ce.model.zero_grad()
+    (ce.score_ids(items, max_tokens=24) * weights).sum().backward()
+    got = grads(ce.model)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_pack_plans_length_sorted_blocks_within_the_budget():
     ids = [[1] * n for n in (3, 7, 7, 2, 5)]
     batch = pack(ids, max_tokens=14)
