@@ -198,7 +198,7 @@ class CrossEncoder(nn.Module):
             show_progress = len(chunks) > 20 and sys.stderr.isatty()
         out = torch.empty((len(items), self.num_labels), dtype=torch.float32)
         for rows in tqdm(chunks, disable=not show_progress, desc="predict"):
-            out[rows] = self(*self.pad([items[i] for i in rows])).cpu()
+            out[rows] = self.score_ids([items[i] for i in rows]).cpu()  # padding-free for BERT backbones
         self.train(was_training)
         if activation:
             out = torch.sigmoid(out) if self.activation == "sigmoid" else out
