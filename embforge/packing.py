@@ -213,12 +213,13 @@ def packed_hidden(backbone: Any, batch: PackedBatch, *, first_tokens_only: bool 
     for number, layer in enumerate(layers):
         attention = layer.attention.self
         scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
-        heads, p = attention.num_attention_heads, attention.dropout.p if attention.training else 0.0
+        heads = attention.num_attention_heads
         if first_tokens_only and number == len(layers) - 1:
             residual = hidden.index_select(0, batch.offsets)
             weight = torch.cat([attention.key.weight, attention.value.weight])
             bias = torch.cat([attention.key.bias, attention.value.bias])
             kv = F.linear(hidden, weight, bias)
+            p = attention.dropout.p if attention.training else 0.0
             context = _attend_first(attention.query(residual), kv, batch, heads, p, scale)
         else:
             residual = hidden
