@@ -23,9 +23,10 @@ from embforge.datasets.wikiqa import load_wikiqa
 from embforge.encoder import Encoder
 from embforge.evaluate.rerank import evaluate_rerank, group_candidates
 from embforge.losses.cross import get_cross_loss
+from embforge.ranking_metrics import evaluate_run
 from embforge.tasks import Task
 from embforge.train import TrainConfig, train
-from embforge.two_stage import evaluate_two_stage
+from embforge.two_stage import as_run, evaluate_two_stage, fuse, pool_candidates, retrieve_and_rerank
 
 
 def listwise_rows(data, groups, negatives: int, seed: int) -> Dataset:
@@ -98,6 +99,48 @@ def with_mined_negatives(data, per_question: int, model_name: str) -> Dataset:
     return Dataset(f"{data.path}+mined", columns, list(range(1, len(columns["label"]) + 1)))
 
 
+def choose_fusion(bi, cross, dev, top_k: int) -> tuple[float, dict[float, float]]:
+    """The fusion weight (0, 0.1, ..., 1) with the best pooled two-stage MRR@10 on ``dev``, and every weight's."""
+    queries, corpus, qrels = pool_candidates(dev)
+    first, second = retrieve_and_rerank(bi, cross, queries, corpus, top_k=top_k)
+    scores = {}
+    for weight in [w / 10 for w in range(11)]:
+        run = as_run(list(qrels), fuse(first, second, weight))
+        scores[weight] = 100 * evaluate_run(run, qrels, ("mrr@10",))["mrr@10"]
+    return max(scores, key=lambda w: scores[w]), scores
+
+
+def train_cross_encoder(args, train_data, groups, answerable) -> CrossEncoder:
+    """The cross-encoder from ``args.model``, trained as the command line says."""
+    model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_seq_length)
+    if args.loss == "listwise":
+        task = Task(
+            "wikiqa", listwise_rows(train_data, groups, args.negatives, args.seed), get_cross_loss("listwise")
+        )
+    else:
+        options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
+        rows = with_random_negatives(answerable, args.random_negatives, args.seed)
+        rows = with_mined_negatives(rows, args.mined_negatives, args.model)
+        task = Task("wikiqa", rows, get_cross_loss("bce", **options))
+    config = TrainConfig(
+        output=args.output,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        save_every=0,
+        quiet=True,
+    )
+    started = time.perf_counter()
+    summary = train(model, [task], config)
+    print(
+        f"trained {summary['steps']} steps in {time.perf_counter() - started:.0f} s "
+        f"({summary['pairs_per_second']:.1f} pairs/s)",
+        flush=True,
+    )
+    return model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,6 +171,14 @@ def main() -> None:
         "negatives — the reranker then trains on the retriever's own off-article candidates",
     )
     parser.add_argument("--top-k", type=int, default=20, help="two-stage: bi-encoder candidates re-scored")
+    parser.add_argument(
+        "--fusion",
+        action="store_true",
+        help="two-stage: also fuse cross-encoder and bi-encoder scores, the weight chosen on WikiQA dev",
+    )
+    parser.add_argument(
+        "--load", default=None, help="evaluate this trained cross-encoder folder instead of training one"
+    )
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--output", default="runs/wikiqa-ce")
     parser.add_argument("--seed", type=int, default=42)
@@ -142,46 +193,35 @@ def main() -> None:
     zero_shot = evaluate_rerank(Encoder.load(args.model), test)
     print("zero-shot bi-encoder", json.dumps(zero_shot), flush=True)
 
-    model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_seq_length)
-    if args.loss == "listwise":
-        task = Task(
-            "wikiqa", listwise_rows(train_data, groups, args.negatives, args.seed), get_cross_loss("listwise")
-        )
+    if args.load:
+        model = CrossEncoder.load(args.load)
+        print(f"loaded {args.load} (no training)")
     else:
-        options = {} if args.pos_weight is None else {"pos_weight": args.pos_weight}
-        rows = with_random_negatives(answerable, args.random_negatives, args.seed)
-        rows = with_mined_negatives(rows, args.mined_negatives, args.model)
-        task = Task("wikiqa", rows, get_cross_loss("bce", **options))
-    config = TrainConfig(
-        output=args.output,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        save_every=0,
-        quiet=True,
-    )
-    started = time.perf_counter()
-    summary = train(model, [task], config)
-    print(
-        f"trained {summary['steps']} steps in {time.perf_counter() - started:.0f} s "
-        f"({summary['pairs_per_second']:.1f} pairs/s)",
-        flush=True,
-    )
+        model = train_cross_encoder(args, train_data, groups, answerable)
     tuned = evaluate_rerank(model, test)
     print("fine-tuned cross-encoder", json.dumps(tuned))
-    two = evaluate_two_stage(Encoder.load(args.model), model, test, top_k=args.top_k)
+    bi = Encoder.load(args.model)
+    two = evaluate_two_stage(bi, model, test, top_k=args.top_k)
     print("two-stage", json.dumps(two))
     print("\n| model | MRR@10 | NDCG@10 | MAP |\n|---|---:|---:|---:|")
     for name, result in (
         ("all-MiniLM-L6-v2 bi-encoder, zero-shot", zero_shot),
-        (f"cross-encoder from all-MiniLM-L6-v2, {args.loss}, {args.epochs} epoch(s)", tuned),
+        (args.load or f"cross-encoder from all-MiniLM-L6-v2, {args.loss}, {args.epochs} epoch(s)", tuned),
     ):
         print(f"| {name} | {result['mrr@10']:.2f} | {result['ndcg@10']:.2f} | {result['map']:.2f} |")
     print(
         f"\ntwo-stage over the pooled {int(two['corpus'])} test candidates: bi-encoder MRR@10 {two['bi_mrr@10']:.2f}"
         f" -> re-scored top {args.top_k} {two['reranked_mrr@10']:.2f} (recall@{args.top_k} {two[f'bi_recall@{args.top_k}']:.2f})"
     )
+    if args.fusion:
+        weight, grid = choose_fusion(bi, model, load_wikiqa("dev"), args.top_k)
+        print("dev MRR@10 by fusion weight", json.dumps(grid))
+        fused = evaluate_two_stage(bi, model, test, top_k=args.top_k, fusion=weight)
+        print("two-stage fused", json.dumps(fused))
+        print(
+            f"fused (weight {weight} chosen on dev): bi-encoder MRR@10 {fused['bi_mrr@10']:.2f} -> "
+            f"{fused['reranked_mrr@10']:.2f} (NDCG@10 {fused['bi_ndcg@10']:.2f} -> {fused['reranked_ndcg@10']:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -103,3 +103,25 @@ def test_two_stage_reranks_the_bi_encoder_top_k(tiny_encoder):
     result = evaluate_two_stage(tiny_encoder, ce, _data(rows), top_k=3)
     assert result["queries"] == 1 and result["corpus"] == len(corpus)
     assert {"bi_mrr@10", "reranked_mrr@10", "bi_recall@3"} <= set(result)
+
+
+def test_fusion_weights_standardised_scores(tiny_encoder):
+    from embforge.two_stage import retrieve_and_rerank
+
+    ce = make_cross_encoder()
+    corpus = [b for _, b in PAIRS] + ["a red car drives on the road", "the bank money falls"]
+    queries = ["a man plays the guitar", "oil price rises"]
+    first, alone = retrieve_and_rerank(tiny_encoder, ce, queries, corpus, top_k=4)
+    _, bi_only = retrieve_and_rerank(tiny_encoder, ce, queries, corpus, top_k=4, fusion=0.0)
+    _, ce_only = retrieve_and_rerank(tiny_encoder, ce, queries, corpus, top_k=4, fusion=1.0)
+    _, half = retrieve_and_rerank(tiny_encoder, ce, queries, corpus, top_k=4, fusion=0.5)
+    assert [[d for d, _ in r] for r in bi_only] == [[d for d, _ in r] for r in first]
+    assert [[d for d, _ in r] for r in ce_only] == [[d for d, _ in r] for r in alone]
+    for i in range(2):  # the fused score by hand: 0.5 z(cross) + 0.5 z(cosine) over the query's top 4
+        cos = np.array([s for _, s in first[i]])
+        cross = np.array([dict(alone[i])[d] for d, _ in first[i]])
+        z = lambda x: (x - x.mean()) / x.std()  # noqa: E731
+        expected = dict(zip([d for d, _ in first[i]], 0.5 * z(cross) + 0.5 * z(cos)))
+        assert dict(half[i]) == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="fusion must be a weight between 0 and 1"):
+        retrieve_and_rerank(tiny_encoder, ce, queries, corpus, fusion=1.5)

@@ -51,6 +51,14 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--top-k", type=int, default=20, help="candidates re-scored per query (default 20)"
     )
     two_stage.add_argument("--batch-size", type=int, default=64)
+    two_stage.add_argument(
+        "--fusion",
+        type=float,
+        default=None,
+        metavar="W",
+        help="rank by W x z(cross score) + (1 - W) x z(bi cosine) over each query's top-k (choose W on a dev "
+        "split); default: the cross-encoder alone",
+    )
     add_amp_arg(two_stage)
     two_stage.set_defaults(func=run_two_stage)
 
@@ -108,6 +116,7 @@ def run_two_stage(args: argparse.Namespace) -> dict[str, Any]:
         data,
         top_k=args.top_k,
         batch_size=args.batch_size,
+        fusion=args.fusion,
     )
 
 
