@@ -205,3 +205,14 @@ def test_cli_train_cross_then_eval_pairs_sts_and_rerank(tmp_path, tiny_model_dir
     assert main(["eval", "rerank", "--model", str(out), "--data", str(train_file)]) == 0
     rerank = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"mrr@10", "ndcg@10", "map", "queries"} <= set(rerank)
+    two_stage = [
+        "rerank",
+        *("--bi-model", str(tiny_model_dir), "--cross-model", str(out), "--data", str(train_file)),
+        *("--top-k", "3"),
+    ]
+    assert main(two_stage) == 0
+    alone = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*two_stage, "--fusion", "0"]) == 0
+    bi_only = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert bi_only["reranked_mrr@10"] == pytest.approx(alone["bi_mrr@10"])  # weight 0: the retriever's order
+    assert main([*two_stage, "--fusion", "2"]) == 2  # a weight outside [0, 1] is a clear error
