@@ -71,6 +71,17 @@ def test_encoder_embed_ids_uses_the_packed_path_with_identical_results(tiny_enco
     torch.testing.assert_close(packed, single, atol=1e-5, rtol=1e-5)
 
 
+def test_cls_pooling_encoder_takes_the_first_token_path_with_identical_results(tiny_encoder, monkeypatch):
+    import embforge.encoder as encoder_module
+
+    tiny_encoder.pooling = "cls"
+    tiny_encoder.eval()
+    ids = tiny_encoder.tokenize_ids(TEXTS)
+    packed = tiny_encoder.embed_ids(ids, max_tokens=16)
+    monkeypatch.setattr(encoder_module, "supports_packing", lambda backbone: False)
+    torch.testing.assert_close(packed, tiny_encoder.embed_ids(ids, max_tokens=16), atol=1e-5, rtol=1e-5)
+
+
 def test_packed_cross_encoder_logits_equal_the_padded_model():
     ce = make_cross_encoder()
     assert supports_packed_classifier(ce.model)
