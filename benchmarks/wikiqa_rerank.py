@@ -59,15 +59,11 @@ def with_random_negatives(data, per_question: int, seed: int) -> Dataset:
     questions, answers = data.columns["sentence1"], data.columns["sentence2"]
     owner = dict(zip(answers, questions))  # sentence -> (last) question it is a candidate of
     pool = list(owner)
-    extra: dict[str, list] = {"sentence1": [], "sentence2": [], "label": []}
+    picks = {}
     for question in dict.fromkeys(questions):
-        picks = [pool[i] for i in rng.choice(len(pool), 4 * per_question)]
-        picks = [a for a in picks if owner[a] != question][:per_question]
-        extra["sentence1"] += [question] * len(picks)
-        extra["sentence2"] += picks
-        extra["label"] += [0] * len(picks)
-    columns = {k: list(v) + extra[k] for k, v in data.columns.items()}
-    return Dataset(f"{data.path}+random", columns, list(range(1, len(columns["label"]) + 1)))
+        drawn = [pool[i] for i in rng.choice(len(pool), 4 * per_question)]
+        picks[question] = [a for a in drawn if owner[a] != question][:per_question]
+    return with_negatives(data, picks, "random")
 
 
 def with_mined_negatives(data, per_question: int, model_name: str) -> Dataset:
@@ -89,14 +85,22 @@ def with_mined_negatives(data, per_question: int, model_name: str) -> Dataset:
         encoder.encode(pool, normalize=True),
         per_question + max(len(v) for v in own.values()),
     )
+    picks = {
+        question: [pool[p] for p in row if pool[p] not in own[question]][:per_question]
+        for question, row in zip(unique_questions, top)
+    }
+    return with_negatives(data, picks, "mined")
+
+
+def with_negatives(data, picks: dict[str, list[str]], tag: str) -> Dataset:
+    """``data`` plus a label-0 row ``(question, sentence)`` for every sentence picked for each question."""
     extra: dict[str, list] = {"sentence1": [], "sentence2": [], "label": []}
-    for question, row in zip(unique_questions, top):
-        picks = [pool[p] for p in row if pool[p] not in own[question]][:per_question]
-        extra["sentence1"] += [question] * len(picks)
-        extra["sentence2"] += picks
-        extra["label"] += [0] * len(picks)
+    for question, sentences in picks.items():
+        extra["sentence1"] += [question] * len(sentences)
+        extra["sentence2"] += sentences
+        extra["label"] += [0] * len(sentences)
     columns = {k: list(v) + extra[k] for k, v in data.columns.items()}
-    return Dataset(f"{data.path}+mined", columns, list(range(1, len(columns["label"]) + 1)))
+    return Dataset(f"{data.path}+{tag}", columns, list(range(1, len(columns["label"]) + 1)))
 
 
 def choose_fusion(bi, cross, dev, top_k: int) -> tuple[float, dict[float, float]]:
@@ -190,7 +194,8 @@ def main() -> None:
     test = load_wikiqa("test")
     print(f"train: {len(groups)} answerable questions, {len(answerable)} pairs; test: {len(test)} pairs")
 
-    zero_shot = evaluate_rerank(Encoder.load(args.model), test)
+    bi = Encoder.load(args.model)
+    zero_shot = evaluate_rerank(bi, test)
     print("zero-shot bi-encoder", json.dumps(zero_shot), flush=True)
 
     if args.load:
@@ -200,7 +205,6 @@ def main() -> None:
         model = train_cross_encoder(args, train_data, groups, answerable)
     tuned = evaluate_rerank(model, test)
     print("fine-tuned cross-encoder", json.dumps(tuned))
-    bi = Encoder.load(args.model)
     two = evaluate_two_stage(bi, model, test, top_k=args.top_k)
     print("two-stage", json.dumps(two))
     print("\n| model | MRR@10 | NDCG@10 | MAP |\n|---|---:|---:|---:|")

@@ -167,25 +167,38 @@ def _attend(
     and the generic fallback spends time checking for fully masked rows, which packing never produces.
     """
     hidden = qkv.shape[1] // 3
-    head_dim = hidden // heads
     manual = training and qkv.device.type == "cpu"
     outputs = []
     for g in batch.groups:
-        part = qkv[g.start : g.end]
-        if g.slots is not None:
-            part = part.new_zeros(g.texts * g.width, 3 * hidden).index_copy(0, g.slots, part)
-        q, k, v = part.view(g.texts, g.width, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = _blocks(qkv, g, 3, heads)
         if manual:
-            scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-            if g.key_mask is not None:
-                scores = scores.masked_fill(~g.key_mask, float("-inf"))
-            context = torch.matmul(dropout(scores.softmax(dim=-1), dropout_p), v)
+            context = _written_attention(q, k, v, g.key_mask, dropout_p, scale)
         else:
             p = dropout_p if training else 0.0
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, dropout_p=p, scale=scale)
         context = context.transpose(1, 2).reshape(g.texts * g.width, hidden)
         outputs.append(context if g.slots is None else context.index_select(0, g.slots))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _blocks(x: Tensor, g: _AttentionGroup, parts: int, heads: int) -> tuple[Tensor, ...]:
+    """Group ``g``'s rows of ``x`` ``(tokens, parts * hidden)`` as ``parts`` padded ``(texts, heads, width,
+    head_dim)`` tensors (e.g. query, key, value)."""
+    rows = x[g.start : g.end]
+    if g.slots is not None:
+        rows = rows.new_zeros(g.texts * g.width, x.shape[1]).index_copy(0, g.slots, rows)
+    head_dim = x.shape[1] // parts // heads
+    return rows.view(g.texts, g.width, parts, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _written_attention(
+    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout_p: float, scale: float
+) -> Tensor:
+    """``softmax(q kᵀ · scale, masked) v`` with :func:`dropout` on the probabilities."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask, float("-inf"))
+    return torch.matmul(dropout(scores.softmax(dim=-1), dropout_p), v)
 
 
 def _add_norm(block: Any, x: Tensor, residual: Tensor) -> Tensor:
@@ -238,18 +251,11 @@ def _attend_first(
     """Attention of each text's first token over its own tokens: queries ``(texts, hidden)`` (packed order) and
     keys/values ``(tokens, 2 * hidden)`` -> ``(texts, hidden)``. ``dropout_p`` is 0 outside training."""
     hidden = q.shape[1]
-    head_dim = hidden // heads
     outputs, first = [], 0
     for g in batch.groups:
-        part = kv[g.start : g.end]
-        if g.slots is not None:
-            part = part.new_zeros(g.texts * g.width, 2 * hidden).index_copy(0, g.slots, part)
-        k, v = part.view(g.texts, g.width, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        query = q[first : first + g.texts].view(g.texts, heads, 1, head_dim)
-        scores = torch.matmul(query, k.transpose(-1, -2)) * scale  # (texts, heads, 1, width)
-        if g.key_mask is not None:
-            scores = scores.masked_fill(~g.key_mask, float("-inf"))
-        context = torch.matmul(dropout(scores.softmax(dim=-1), dropout_p), v)
+        k, v = _blocks(kv, g, 2, heads)
+        query = q[first : first + g.texts].view(g.texts, heads, 1, hidden // heads)
+        context = _written_attention(query, k, v, g.key_mask, dropout_p, scale)  # (texts, heads, 1, head_dim)
         outputs.append(context.reshape(g.texts, hidden))
         first += g.texts
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

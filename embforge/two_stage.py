@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from embforge.data import Dataset
+from embforge.index.numpy_index import topk_inner_product
 
 METRICS = ("mrr@10", "ndcg@10", "map@100")
 
@@ -41,13 +42,8 @@ def retrieve_and_rerank(
         raise ValueError(f"fusion must be a weight between 0 and 1, got {fusion}")
     q = bi_encoder.encode(list(queries), batch_size=batch_size, normalize=True)
     c = bi_encoder.encode(list(corpus), batch_size=batch_size, normalize=True)
-    sims = q @ c.T
-    k = min(top_k, len(corpus))
-    top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-    first: list[list[tuple[int, float]]] = []
-    for i, row in enumerate(top):
-        ordered = row[np.argsort(-sims[i, row], kind="stable")]
-        first.append([(int(d), float(sims[i, d])) for d in ordered])
+    sims, top = topk_inner_product(q, c, top_k)
+    first = [[(int(d), float(s)) for d, s in zip(row, row_sims)] for row, row_sims in zip(top, sims)]
     pairs = [(queries[i], corpus[d]) for i, hits in enumerate(first) for d, _ in hits]
     scores = cross_encoder.predict(pairs, batch_size=batch_size, activation=False)
     second: list[list[tuple[int, float]]] = []

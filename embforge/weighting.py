@@ -8,7 +8,7 @@ Every ``every`` optimiser steps the weights move toward each task's share of the
     w_t \\leftarrow (1 - \\beta)\\, w_t + \\beta\\, \\frac{\\bar L_t}{\\sum_s \\bar L_s}
 
 with ``β = smoothing`` and the weights first normalised to sum to 1. With ``relative=True`` each task's mean is
-first divided by its own first window's mean (``\bar L_t / \bar L_t^{(0)}``, the "loss ratio" of DWA-style
+first divided by its own first window's mean (``\\bar L_t / \\bar L_t^{(0)}``, the "loss ratio" of DWA-style
 schemes), so that tasks are compared by how far their loss has come down rather than by its scale — otherwise a
 CoSENT task (loss ~7) outweighs an InfoNCE task (~0.6) whatever their progress. A task that gave no batch in the window
 keeps its previous mean (or, if it has none yet, its current weight as its target), so rarely sampled tasks

@@ -45,10 +45,10 @@ def check_queries(queries: np.ndarray, dim: int, k: int) -> np.ndarray:
 def topk_inner_product(queries: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` rows of ``vectors`` per query by inner product: ``(scores, positions)``, best first.
 
-        Ties are broken by position (lower first), so the result is deterministic. The score matrix is tiled — up
-        to 1,024 queries against blocks of vectors, at most ``_CHUNK_ENTRIES`` scores at a time — so each block of a
-        million-vector matrix is read once per 1,024 queries rather than once per few queries, and each query keeps a
-        running top ``k``. Products in numpy's BLAS (faster than torch's for these shapes on the CPUs we measured), the
+    Ties are broken by position (lower first), so the result is deterministic. The score matrix is tiled — up to
+    1,024 queries against blocks of vectors, at most ``_CHUNK_ENTRIES`` scores at a time — so each block of a
+    million-vector matrix is read once per 1,024 queries rather than once per few queries, and each query keeps a
+    running top ``k``. Products in numpy's BLAS (faster than torch's for these shapes on the CPUs we measured), the
     selection in torch (``topk`` is multi-threaded; ``np.argpartition`` is not, and was most of the time at 1M).
     """
     n = len(vectors)
