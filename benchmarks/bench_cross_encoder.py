@@ -25,13 +25,13 @@ import torch
 from _common import embforge_train_config, peer_training_args
 
 from embforge.cross_encoder import CrossEncoder
-from embforge.datasets.mrpc import load_mrpc
+from embforge.data.builtin.mrpc import load_mrpc
 from embforge.evaluate.pairs import best_threshold, classification_metrics
 from embforge.losses.cross import get_cross_loss
-from embforge.models import resolve_model_path
-from embforge.precision import inference_autocast
-from embforge.tasks import Task
-from embforge.train import train
+from embforge.modeling.precision import inference_autocast
+from embforge.modeling.resolve import resolve_model_path
+from embforge.training.loop import train
+from embforge.training.tasks import Task
 
 
 def quality(predict, test, dev) -> dict[str, float]:

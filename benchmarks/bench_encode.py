@@ -25,7 +25,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def spearman_of(emb: np.ndarray, sentences: list[str], data) -> float:
     """STS-B Spearman (0-100) of cosine similarity, from the embeddings of the unique sentences."""
-    from embforge.metrics import correlations
+    from embforge.evaluate.similarity import correlations
 
     s1, s2 = data.columns["sentence1"], data.columns["sentence2"]
     emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
@@ -48,12 +48,12 @@ def main() -> None:
 
     from sentence_transformers import SentenceTransformer
 
-    from embforge.data import read_table
+    from embforge.data.paths import data_root
+    from embforge.data.tables import read_table
     from embforge.encoder import Encoder
     from embforge.export import export_onnx
-    from embforge.models import resolve_model_path
-    from embforge.onnx_backend import OnnxEncoder
-    from embforge.paths import data_root
+    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.modeling.resolve import resolve_model_path
 
     data = read_table(
         data_root() / "stsb_en" / "stsb-en-test.csv", header=None, columns="0=sentence1,1=sentence2,2=score"

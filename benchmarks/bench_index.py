@@ -1,7 +1,7 @@
 """Vector index benchmark: HNSW, IVF and fast-scan PQ recall@10 against exact search, and queries per second.
 
 Data: ``--n`` random unit vectors of ``--dim`` dimensions (default 1M x 384) and/or a folder of corpus embeddings
-written by :func:`embforge.retrieval.encode.encode_corpus` (``--embeddings``; e.g. the SciFact corpus). Queries are
+written by :func:`embforge.retrieval.corpus_cache.encode_corpus` (``--embeddings``; e.g. the SciFact corpus). Queries are
 ``--queries`` random unit vectors (random data) or held-out corpus vectors (embeddings). Exact search is embforge's
 numpy :class:`NumpyIndex` (tiled BLAS + torch top-k) and FAISS ``IndexFlatIP``; each ANN setting is timed over the same queries
 (single batch call, all threads), recall@10 = overlap of its top-10 with the exact top-10.
@@ -37,8 +37,8 @@ def recall_at_10(found, truth):
 
 
 def bench(name, vectors, queries, args):
-    from embforge.index.faiss_index import FaissIndex
-    from embforge.index.numpy_index import NumpyIndex
+    from embforge.retrieval.index.exact import NumpyIndex
+    from embforge.retrieval.index.faiss import FaissIndex
 
     ids = [str(i) for i in range(len(vectors))]
     print(f"\n## {name}: {len(vectors):,} x {vectors.shape[1]}, {len(queries)} queries")
@@ -99,7 +99,7 @@ def main():
 
     print(f"FAISS {faiss.__version__}, {faiss.omp_get_max_threads()} threads")
     if args.embeddings:
-        from embforge.retrieval.encode import load_encoded
+        from embforge.retrieval.corpus_cache import load_encoded
 
         _, emb = load_encoded(args.embeddings)
         emb = np.array(emb, dtype=np.float32)  # a writable copy of the memory map

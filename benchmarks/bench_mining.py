@@ -24,7 +24,7 @@ import numpy as np
 
 
 def scifact_pairs(docs_limit: int | None, queries_limit: int | None = None):
-    from embforge.datasets.scifact import load_scifact
+    from embforge.data.builtin.scifact import load_scifact
 
     data = load_scifact("train")
     if queries_limit is not None:
@@ -92,8 +92,8 @@ def run_st(st, model, anchors, positives, corpus, args, cache):
 
 
 def run_ours(model, anchors, positives, corpus, args, emb=None):
-    from embforge.data import Dataset
-    from embforge.mining import MiningConfig, mine
+    from embforge.data.tables import Dataset
+    from embforge.retrieval.mining import MiningConfig, mine
 
     config = MiningConfig(
         num_negatives=args.num_negatives,
@@ -162,8 +162,8 @@ def main():
     import torch
 
     from embforge.encoder import Encoder
-    from embforge.models import resolve_model_path
-    from embforge.precision import inference_autocast
+    from embforge.modeling.precision import inference_autocast
+    from embforge.modeling.resolve import resolve_model_path
 
     path = str(resolve_model_path("all-MiniLM-L6-v2"))
     st_model = st.SentenceTransformer(path, device="cpu")

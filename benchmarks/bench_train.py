@@ -24,14 +24,14 @@ import psutil
 import torch
 from _common import embforge_train_config, peer_training_args
 
-from embforge.data import read_table
+from embforge.data.paths import data_root
+from embforge.data.tables import read_table
 from embforge.encoder import Encoder
+from embforge.evaluate.similarity import correlations, pair_scores
 from embforge.losses import get_loss
-from embforge.metrics import correlations, pair_scores
-from embforge.models import resolve_model_path
-from embforge.paths import data_root
-from embforge.tasks import Task
-from embforge.train import train
+from embforge.modeling.resolve import resolve_model_path
+from embforge.training.loop import train
+from embforge.training.tasks import Task
 
 
 class PeakRSS:

@@ -156,8 +156,8 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5, help="the batching server's wait for more")
     args = parser.parse_args()
 
-    from embforge.data import read_table
-    from embforge.paths import data_root
+    from embforge.data.paths import data_root
+    from embforge.data.tables import read_table
 
     data = read_table(
         data_root() / "stsb_en" / "stsb-en-test.csv", header=None, columns="0=sentence1,1=sentence2,2=score"

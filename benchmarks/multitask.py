@@ -3,7 +3,7 @@
 Every trained model gets the same optimiser-step budget (``--steps``) and batch size. Each is then scored on
 the same evaluation subsets (fixed seeds; see ``EvalSets``):
 
-* retrieval: SciFact dev (121 queries carved from train, ``embforge.datasets.scifact``) NDCG@10 over a
+* retrieval: SciFact dev (121 queries carved from train, ``embforge.data.builtin.scifact``) NDCG@10 over a
   reduced corpus (every relevant document + ``--distractors`` random others; 128 tokens);
 * STS: STS-B test Spearman (every ``--sts-every``-th pair);
 * classification: Banking77 test accuracy of logistic regression fitted on ``--per-class`` train texts per intent;
@@ -31,11 +31,13 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from embforge.data import read_table
-from embforge.datasets.banking77 import load_banking77
-from embforge.datasets.mrpc import load_mrpc
-from embforge.datasets.scifact import load_scifact, training_pairs
-from embforge.datasets.snli_triplets import load_snli_triplets
+from embforge.data.builtin.banking77 import load_banking77
+from embforge.data.builtin.mrpc import load_mrpc
+from embforge.data.builtin.scifact import load_scifact, training_pairs
+from embforge.data.builtin.snli_triplets import load_snli_triplets
+from embforge.data.paths import data_root
+from embforge.data.retrieval import RetrievalData
+from embforge.data.tables import read_table
 from embforge.encoder import Encoder
 from embforge.evaluate.classification import evaluate_classification
 from embforge.evaluate.clustering import evaluate_clustering
@@ -43,10 +45,8 @@ from embforge.evaluate.matryoshka import TruncatedModel, format_table, plot_matr
 from embforge.evaluate.retrieval import evaluate_retrieval
 from embforge.evaluate.sts import evaluate_sts
 from embforge.losses import get_loss
-from embforge.paths import data_root
-from embforge.retrieval.data import RetrievalData
-from embforge.tasks import Task
-from embforge.train import TrainConfig, train
+from embforge.training.loop import TrainConfig, train
+from embforge.training.tasks import Task
 
 DIMS = [64, 128, 256, 384]
 MRL = [384, 256, 128, 64]
@@ -161,7 +161,7 @@ def train_model(name: str, args: argparse.Namespace) -> tuple[Encoder, dict]:
     if name == "base":
         return model, {}
     if name == "three-stage":
-        from embforge.pipeline import load_pipeline, run_pipeline
+        from embforge.training.pipeline import load_pipeline, run_pipeline
 
         pipeline = load_pipeline(args.pipeline)
         summary = run_pipeline(pipeline, output=str(Path(args.out) / name), model=model)

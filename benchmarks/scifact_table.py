@@ -2,7 +2,7 @@
 
 Every fine-tuned row has the same budget (``--steps`` optimiser steps of ``--batch-size`` train queries, same lr,
 seed and max sequence length) and is scored on the dev split (the 121 train queries with ``md5(id) % 8 == 0``, see
-:mod:`embforge.datasets.scifact`). ``--eval-docs N`` scores against the dev-judged documents plus the first N other
+:mod:`embforge.data.builtin.scifact`). ``--eval-docs N`` scores against the dev-judged documents plus the first N other
 documents instead of the whole 5,183-document corpus, and ``--train-docs N`` mines from the train-judged documents
 plus N others (to fit a small CPU budget; say so when reporting).
 
@@ -43,12 +43,12 @@ def main():
     parser.add_argument("--output", default="runs/scifact-table")
     args = parser.parse_args()
 
-    from embforge.datasets.scifact import load_scifact
+    from embforge.data.builtin.scifact import load_scifact
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import evaluate_retrieval
     from embforge.losses import get_loss
-    from embforge.refresh import retrieval_training
-    from embforge.train import TrainConfig, train
+    from embforge.training.loop import TrainConfig, train
+    from embforge.training.refresh import retrieval_training
 
     train_data = sub_corpus(load_scifact("train"), args.train_docs)
     dev = sub_corpus(load_scifact("dev"), args.eval_docs)

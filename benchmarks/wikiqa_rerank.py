@@ -18,15 +18,21 @@ import time
 import numpy as np
 
 from embforge.cross_encoder import CrossEncoder
-from embforge.data import Dataset
-from embforge.datasets.wikiqa import load_wikiqa
+from embforge.data.builtin.wikiqa import load_wikiqa
+from embforge.data.tables import Dataset
 from embforge.encoder import Encoder
+from embforge.evaluate.ranking import evaluate_run
 from embforge.evaluate.rerank import evaluate_rerank, group_candidates
 from embforge.losses.cross import get_cross_loss
-from embforge.ranking_metrics import evaluate_run
-from embforge.tasks import Task
-from embforge.train import TrainConfig, train
-from embforge.two_stage import as_run, evaluate_two_stage, fuse, pool_candidates, retrieve_and_rerank
+from embforge.retrieval.two_stage import (
+    as_run,
+    evaluate_two_stage,
+    fuse,
+    pool_candidates,
+    retrieve_and_rerank,
+)
+from embforge.training.loop import TrainConfig, train
+from embforge.training.tasks import Task
 
 
 def listwise_rows(data, groups, negatives: int, seed: int) -> Dataset:
@@ -72,7 +78,7 @@ def with_mined_negatives(data, per_question: int, model_name: str) -> Dataset:
     text a retriever over a pooled corpus puts in front of the reranker."""
     if per_question <= 0:
         return data
-    from embforge.index.numpy_index import topk_inner_product
+    from embforge.retrieval.index.exact import topk_inner_product
 
     questions, answers = data.columns["sentence1"], data.columns["sentence2"]
     own: dict[str, set[str]] = {}

@@ -12,19 +12,19 @@ __version__ = "0.1.0"
 _LAZY = {
     "Encoder": "embforge.encoder",
     "CrossEncoder": "embforge.cross_encoder",
-    "TrainConfig": "embforge.train",
-    "Task": "embforge.tasks",
-    "train": "embforge.train",
-    "read_table": "embforge.data",
+    "TrainConfig": "embforge.training.loop",
+    "Task": "embforge.training.tasks",
+    "train": "embforge.training.loop",
+    "read_table": "embforge.data.tables",
     "get_loss": "embforge.losses",
 }
 
 if TYPE_CHECKING:
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
     from embforge.encoder import Encoder
     from embforge.losses import get_loss
-    from embforge.tasks import Task
-    from embforge.train import TrainConfig, train
+    from embforge.training.loop import TrainConfig, train
+    from embforge.training.tasks import Task
 
 __all__ = ["Encoder", "Task", "TrainConfig", "__version__", "get_loss", "read_table", "train"]
 

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from embforge.batching import sort_by_length, token_budget_chunks
-from embforge.models import resolve_model_path
-from embforge.packing import pack, packed_logits, supports_packed_classifier
+from embforge.modeling.packing import pack, packed_logits, supports_packed_classifier
+from embforge.modeling.padding import sort_by_length, token_budget_chunks
+from embforge.modeling.resolve import resolve_model_path
 
 # activation applied by predict() -> sentence-transformers' name for it
 _ACTIVATIONS = {
@@ -148,7 +148,7 @@ class CrossEncoder(nn.Module):
         return logits[inverse]
 
     def prepare_task(self, task: Any) -> Any:
-        """Tokenise a training task once (see :mod:`embforge.tasks` and :mod:`embforge.losses.cross`)."""
+        """Tokenise a training task once (see :mod:`embforge.training.tasks` and :mod:`embforge.losses.cross`)."""
         return PreparedCrossTask(task, self)
 
     # ------------------------------------------------------------------ inference

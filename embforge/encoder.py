@@ -19,14 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from embforge.batching import pad_ids, sort_by_length, token_budget_chunks
-from embforge.models import load_backbone, resolve_model_path
-from embforge.packing import pack, packed_hidden, pool_packed, supports_packing
-from embforge.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
-from embforge.tokenizing import PromptTokenizing
+from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
+from embforge.modeling.padding import pad_ids, sort_by_length, token_budget_chunks
+from embforge.modeling.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
+from embforge.modeling.resolve import load_backbone, resolve_model_path
+from embforge.modeling.tokenizing import PromptTokenizing
 
 if TYPE_CHECKING:
-    from embforge.onnx_backend import OnnxEncoder
+    from embforge.modeling.onnx_runtime import OnnxEncoder
 
 ST_TRANSFORMER = "sentence_transformers.models.Transformer"
 ST_POOLING = "sentence_transformers.models.Pooling"
@@ -83,7 +83,7 @@ class Encoder(PromptTokenizing, nn.Module):
     def embed_ids(self, ids: Sequence[list[int]], *, max_tokens: int = 4096) -> Tensor:
         """Embed many tokenised texts with gradients, in the input order.
 
-        BERT-family backbones run padding-free (:mod:`embforge.packing`; ``max_tokens`` bounds each padded
+        BERT-family backbones run padding-free (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded
         attention block). Others sort texts by length and forward chunks of at most ``max_tokens`` padded tokens.
         Either way each text's embedding is what a single padded forward would give (attention never crosses
         texts); only padding work is saved.
@@ -107,8 +107,8 @@ class Encoder(PromptTokenizing, nn.Module):
         return emb[inverse]
 
     def prepare_task(self, task: Any) -> Any:
-        """Tokenise a training task once (see :mod:`embforge.tasks`)."""
-        from embforge.tasks import PreparedEmbeddingTask
+        """Tokenise a training task once (see :mod:`embforge.training.tasks`)."""
+        from embforge.training.tasks import PreparedEmbeddingTask
 
         return PreparedEmbeddingTask(task, self)
 
@@ -208,10 +208,10 @@ class Encoder(PromptTokenizing, nn.Module):
         Options given here override what the folder says. A plain HF folder gets mean pooling, no
         normalisation and ``max_seq_length = min(512, tokenizer.model_max_length)`` unless told otherwise.
         ``backend="onnx"`` loads an ``embforge export onnx`` folder (or one ``.onnx`` file in it, e.g. the int8
-        graph) as an :class:`~embforge.onnx_backend.OnnxEncoder` with the same ``encode()`` (CPU only).
+        graph) as an :class:`~embforge.modeling.onnx_runtime.OnnxEncoder` with the same ``encode()`` (CPU only).
         """
         if backend == "onnx":
-            from embforge.onnx_backend import OnnxEncoder
+            from embforge.modeling.onnx_runtime import OnnxEncoder
 
             if device is not None and str(device) != "cpu":
                 raise ValueError(f"the onnx backend runs on the CPU; device={device!r} is not supported")

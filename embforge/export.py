@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge._optional import require
-from embforge.models import resolve_model_path
-from embforge.pooling import pool
+from embforge.modeling.pooling import pool
+from embforge.modeling.resolve import resolve_model_path
 
 META_FILE = "embforge_onnx.json"
 FP32_FILE = "model.onnx"
@@ -218,7 +218,7 @@ def _export_bi_encoder(
     min_cosine: float,
 ) -> dict[str, Any]:
     from embforge.encoder import Encoder
-    from embforge.onnx_backend import OnnxEncoder
+    from embforge.modeling.onnx_runtime import OnnxEncoder
 
     encoder = Encoder.load(source)
     if dim is not None and not 0 < dim <= encoder.dim:
@@ -226,7 +226,7 @@ def _export_bi_encoder(
     _eager(encoder.backbone)
     graph = BiEncoderGraph(encoder.backbone, pooling=encoder.pooling, normalize=encoder.normalize, dim=dim)
     ids = encoder.tokenize_ids(["a short one", "and a somewhat longer second sentence here"])
-    from embforge.batching import pad_ids
+    from embforge.modeling.padding import pad_ids
 
     batch, mask = pad_ids(ids, encoder.pad_token_id, device=torch.device("cpu"))
     inputs = ["input_ids", "attention_mask"]
@@ -278,7 +278,7 @@ def _export_cross_encoder(
     max_score_diff: float,
 ) -> dict[str, Any]:
     from embforge.cross_encoder import CrossEncoder
-    from embforge.onnx_backend import OnnxCrossEncoder
+    from embforge.modeling.onnx_runtime import OnnxCrossEncoder
 
     ce = CrossEncoder.load(source)
     _eager(ce.model)

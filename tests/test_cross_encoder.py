@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
-from embforge.data import Dataset
+from embforge.data.tables import Dataset
 from embforge.losses.cross import get_cross_loss
-from embforge.tasks import Task
-from embforge.train import TrainConfig, train
+from embforge.training.loop import TrainConfig, train
+from embforge.training.tasks import Task
 from tests.test_cross_losses import PAIRS, make_cross_encoder
 
 
@@ -197,7 +197,7 @@ def test_cli_train_cross_then_eval_pairs_sts_and_rerank(tmp_path, tiny_model_dir
     assert main(["eval", "sts", "--model", str(out), "--data", str(scored)]) == 0
     sts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     expected = CrossEncoder.load(out).predict(PAIRS)
-    from embforge.metrics import correlations
+    from embforge.evaluate.similarity import correlations
 
     assert sts["spearman"] == pytest.approx(
         correlations(expected, np.arange(len(PAIRS)))["spearman"], abs=1e-4

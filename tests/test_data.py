@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from embforge.data import DataError, read_table
+from embforge.data.tables import DataError, read_table
 from tests.conftest import requires_data, shared_data
 
 

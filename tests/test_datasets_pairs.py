@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from embforge.data import DataError, read_table
-from embforge.datasets._pairs import hash_split
-from embforge.datasets.mrpc import load_mrpc
-from embforge.datasets.senteval_cn import TASKS, load_senteval_cn
-from embforge.datasets.snli import load_snli, read_senteval_nli
-from embforge.datasets.stsb import load_stsb
-from embforge.datasets.wikiqa import load_wikiqa
+from embforge.data.builtin._pairs import hash_split
+from embforge.data.builtin.mrpc import load_mrpc
+from embforge.data.builtin.senteval_cn import TASKS, load_senteval_cn
+from embforge.data.builtin.snli import load_snli, read_senteval_nli
+from embforge.data.builtin.stsb import load_stsb
+from embforge.data.builtin.wikiqa import load_wikiqa
+from embforge.data.tables import DataError, read_table
 from embforge.evaluate.rerank import group_candidates
 from tests.conftest import requires_data
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embforge.encoder import Encoder
-from embforge.pooling import pool
+from embforge.modeling.pooling import pool
 from tests.conftest import minilm_path, requires_minilm
 
 TEXTS = [

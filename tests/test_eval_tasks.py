@@ -12,7 +12,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score, v_measure_score
 
 from embforge.cli import main
-from embforge.data import read_table
+from embforge.data.tables import read_table
 from embforge.evaluate.classification import evaluate_classification
 from embforge.evaluate.clustering import evaluate_clustering
 from embforge.evaluate.matryoshka import TruncatedModel, evaluate_matryoshka, format_table, plot_matryoshka
@@ -132,7 +132,7 @@ def test_matryoshka_table_and_plot(tiny_encoder, sts_csv, tmp_path):
 @requires_minilm
 @requires_data
 def test_minilm_banking77_subset_classification_and_clustering():
-    from embforge.datasets.banking77 import load_banking77
+    from embforge.data.builtin.banking77 import load_banking77
     from embforge.encoder import Encoder
 
     model = Encoder.load("all-MiniLM-L6-v2")

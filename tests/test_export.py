@@ -27,7 +27,7 @@ def test_bi_encoder_graph_matches_torch_with_dynamic_axes(tiny_model_dir: Path, 
 
     from embforge.encoder import Encoder
     from embforge.export import export_onnx
-    from embforge.onnx_backend import OnnxEncoder
+    from embforge.modeling.onnx_runtime import OnnxEncoder
 
     out = tmp_path / "onnx"
     report = export_onnx(tiny_model_dir, out, parity_texts=SENTENCES)
@@ -108,7 +108,7 @@ def test_cross_encoder_export_matches_predict(tmp_path: Path):
 
     from embforge.cross_encoder import CrossEncoder
     from embforge.export import export_onnx
-    from embforge.onnx_backend import OnnxCrossEncoder
+    from embforge.modeling.onnx_runtime import OnnxCrossEncoder
 
     tokenizer = make_tokenizer()
     torch.manual_seed(0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embforge.index.factory import create_index, load_index
-from embforge.index.numpy_index import NumpyIndex
+from embforge.retrieval.index.exact import NumpyIndex
+from embforge.retrieval.index.registry import create_index, load_index
 
 pytest.importorskip("faiss")
 
@@ -117,7 +117,7 @@ def test_search_options_change_the_trade_off(corpus):
 
 @pytest.mark.parametrize("k", [1, 5, 40])
 def test_tiled_exact_top_k_breaks_ties_by_position_across_tiles(monkeypatch, k):
-    from embforge.index import numpy_index
+    from embforge.retrieval.index import exact as numpy_index
 
     monkeypatch.setattr(numpy_index, "_CHUNK_ENTRIES", 64)  # 7 queries x blocks of 9 vectors: many tiles
     rng = np.random.default_rng(3)

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embforge.data import Dataset
-from embforge.mining import MiningConfig, mine, mine_positions, write_jsonl
-from embforge.retrieval.data import RetrievalData
+from embforge.data.retrieval import RetrievalData
+from embforge.data.tables import Dataset
+from embforge.retrieval.mining import MiningConfig, mine, mine_positions, write_jsonl
 from tests.test_cross_losses import make_cross_encoder
 
 pytest.importorskip("bm25s")

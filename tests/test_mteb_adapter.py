@@ -14,7 +14,7 @@ mteb = pytest.importorskip("mteb")
 def test_encode_follows_the_protocol(tiny_encoder):
     from mteb.models.models_protocols import EncoderProtocol
 
-    from embforge.mteb_adapter import MTEBEncoder
+    from embforge.evaluate.mteb import MTEBEncoder
 
     adapter = MTEBEncoder(tiny_encoder, name="tiny")
     assert isinstance(adapter, EncoderProtocol)
@@ -33,9 +33,9 @@ def test_encode_follows_the_protocol(tiny_encoder):
 def test_banking77_classification_offline_matches_sentence_transformers(tiny_model_dir):
     from sentence_transformers import SentenceTransformer
 
-    from embforge.datasets.banking77 import load_banking77
+    from embforge.data.builtin.banking77 import load_banking77
     from embforge.encoder import Encoder
-    from embforge.mteb_adapter import local_task, run_mteb
+    from embforge.evaluate.mteb import local_task, run_mteb
 
     train, test = load_banking77("train_all"), load_banking77("test")
     labels = train.labels()

@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embforge.batching import pad_ids
-from embforge.packing import pack, packed_hidden, pool_packed, supports_packed_classifier, supports_packing
-from embforge.pooling import pool
+from embforge.modeling.packing import (
+    pack,
+    packed_hidden,
+    pool_packed,
+    supports_packed_classifier,
+    supports_packing,
+)
+from embforge.modeling.padding import pad_ids
+from embforge.modeling.pooling import pool
 from tests.test_cross_losses import PAIRS, make_cross_encoder
 
 TEXTS = [
@@ -148,7 +154,7 @@ def test_other_architectures_are_not_packed():
 
 
 def test_cpu_dropout_keeps_one_minus_p_scales_and_masks_the_gradient():
-    from embforge.packing import dropout
+    from embforge.modeling.packing import dropout
 
     torch.manual_seed(0)
     x = torch.ones(200_000, requires_grad=True)

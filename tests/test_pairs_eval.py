@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embforge.data import Dataset
+from embforge.data.tables import Dataset
 from embforge.evaluate.pairs import best_threshold, classification_metrics, evaluate_pairs, score_pairs
 from embforge.evaluate.rerank import evaluate_rerank, group_candidates
 from tests.test_cross_losses import PAIRS, make_cross_encoder
@@ -87,7 +87,7 @@ def test_rerank_metrics_by_hand():
 
 
 def test_two_stage_reranks_the_bi_encoder_top_k(tiny_encoder):
-    from embforge.two_stage import evaluate_two_stage, retrieve_and_rerank
+    from embforge.retrieval.two_stage import evaluate_two_stage, retrieve_and_rerank
 
     ce = make_cross_encoder()
     corpus = [b for _, b in PAIRS] + ["a red car drives on the road", "the bank money falls"]
@@ -106,7 +106,7 @@ def test_two_stage_reranks_the_bi_encoder_top_k(tiny_encoder):
 
 
 def test_fusion_weights_standardised_scores(tiny_encoder):
-    from embforge.two_stage import retrieve_and_rerank
+    from embforge.retrieval.two_stage import retrieve_and_rerank
 
     ce = make_cross_encoder()
     corpus = [b for _, b in PAIRS] + ["a red car drives on the road", "the bank money falls"]

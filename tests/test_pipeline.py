@@ -10,7 +10,7 @@ import torch
 
 from embforge.cli import main
 from embforge.encoder import Encoder
-from embforge.pipeline import PipelineError, load_pipeline, run_pipeline
+from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline
 
 PAIRS = [
     ("a man plays the guitar", "a man is playing guitar"),

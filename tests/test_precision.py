@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from embforge.cli import main
-from embforge.precision import amp_dtype, autocast_tag, check_amp, inference_autocast
-from embforge.retrieval.encode import encode_corpus, fingerprint
+from embforge.modeling.precision import amp_dtype, autocast_tag, check_amp, inference_autocast
+from embforge.retrieval.corpus_cache import encode_corpus, fingerprint
 
 
 def test_settings_map_to_dtypes():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embforge.ranking_metrics import evaluate_run, evaluate_run_per_query, parse_metric, rank_documents
+from embforge.evaluate.ranking import evaluate_run, evaluate_run_per_query, parse_metric, rank_documents
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 

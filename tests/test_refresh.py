@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from embforge.checkpoint import read_progress
+from embforge.data.retrieval import RetrievalData
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
-from embforge.mining import MiningConfig
-from embforge.refresh import NegativeRefresher, RefreshConfig, hard_ratio_at, retrieval_training
-from embforge.retrieval.data import RetrievalData
-from embforge.train import TrainConfig, train
+from embforge.retrieval.mining import MiningConfig
+from embforge.training.checkpoints import read_progress
+from embforge.training.loop import TrainConfig, train
+from embforge.training.refresh import NegativeRefresher, RefreshConfig, hard_ratio_at, retrieval_training
 
 WORDS = ["cat", "dog", "man", "woman", "guitar", "piano", "park", "road", "river", "sky", "sun", "rain"]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embforge.data import DataError
+from embforge.data.retrieval import load_beir, load_retrieval_files
+from embforge.data.tables import DataError
+from embforge.evaluate.ranking import evaluate_run
 from embforge.evaluate.retrieval import evaluate_retrieval, search_run
-from embforge.ranking_metrics import evaluate_run
-from embforge.retrieval.data import load_beir, load_retrieval_files
-from embforge.retrieval.encode import encode_corpus, load_encoded
+from embforge.retrieval.corpus_cache import encode_corpus, load_encoded
 from tests.conftest import requires_data, requires_minilm
 
 CORPUS = [
@@ -132,7 +132,7 @@ def test_search_run_and_evaluation_agree(tiny_encoder, tmp_path):
 
 @requires_data
 def test_scifact_split_is_deterministic_and_disjoint():
-    from embforge.datasets.scifact import join_sentences, load_scifact
+    from embforge.data.builtin.scifact import join_sentences, load_scifact
 
     train, dev = load_scifact("train"), load_scifact("dev")
     assert (len(train.query_ids), len(dev.query_ids)) == (688, 121)
@@ -146,7 +146,7 @@ def test_scifact_split_is_deterministic_and_disjoint():
 @requires_data
 def test_minilm_scifact_dev_matches_pytrec_eval():
     pytrec_eval = pytest.importorskip("pytrec_eval")
-    from embforge.datasets.scifact import load_scifact
+    from embforge.data.builtin.scifact import load_scifact
     from embforge.encoder import Encoder
 
     data = load_scifact("dev")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from embforge.losses import CoSENTLoss, InfoNCELoss, MatryoshkaLoss, SimCSELoss
-from embforge.sampling import (
+from embforge.training.sampling import (
     TaskPlan,
     epoch_plan,
     row_texts,

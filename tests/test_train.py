@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from embforge.data import DataError, read_table
+from embforge.data.tables import DataError, read_table
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
-from embforge.tasks import Task
-from embforge.train import TrainConfig, train
+from embforge.training.loop import TrainConfig, train
+from embforge.training.tasks import Task
 
 
 def weights(path):

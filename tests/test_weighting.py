@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from embforge.weighting import DynamicWeights
+from embforge.training.weighting import DynamicWeights
 
 
 def test_weights_follow_the_formula_on_a_scripted_loss_sequence():

@@ -127,14 +127,14 @@ def load_splits(name: str, config: BenchConfig) -> dict[str, Any]:
     import numpy as np
 
     if name in CHINESE:
-        from embforge.datasets.senteval_cn import load_senteval_cn
+        from embforge.data.builtin.senteval_cn import load_senteval_cn
 
         splits = {s: load_senteval_cn(name, s, root=config.cn_root) for s in ("train", "dev", "test")}
     else:
-        from embforge.datasets.mrpc import load_mrpc
-        from embforge.datasets.snli import load_snli
-        from embforge.datasets.stsb import load_stsb
-        from embforge.datasets.wikiqa import load_wikiqa
+        from embforge.data.builtin.mrpc import load_mrpc
+        from embforge.data.builtin.snli import load_snli
+        from embforge.data.builtin.stsb import load_stsb
+        from embforge.data.builtin.wikiqa import load_wikiqa
 
         loader = {"stsb": load_stsb, "mrpc": load_mrpc, "wikiqa": load_wikiqa, "snli": load_snli}[name]
         splits = {s: loader(s) for s in ("train", "dev", "test")}
@@ -152,7 +152,7 @@ def load_splits(name: str, config: BenchConfig) -> dict[str, Any]:
 
 def _as_classes(data: Any) -> Any:
     """STS-style data with integer ``label`` = rounded score (Sentence-BERT's softmax needs classes)."""
-    from embforge.data import Dataset
+    from embforge.data.tables import Dataset
 
     columns = {k: v for k, v in data.columns.items() if k != "score"}
     columns["label"] = [round(s) for s in data.columns["score"]]
@@ -167,9 +167,9 @@ def run_one(
     import torch
 
     from embforge.evaluate.pairs import best_threshold, score_pairs
-    from embforge.metrics import correlations
-    from embforge.tasks import Task
-    from embforge.train import TrainConfig, train
+    from embforge.evaluate.similarity import correlations
+    from embforge.training.loop import TrainConfig, train
+    from embforge.training.tasks import Task
 
     torch.manual_seed(seed)  # the new heads are initialised from the seed too
     graded = splits["graded"]

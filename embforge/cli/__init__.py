@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from embforge.precision import inference_autocast
+    from embforge.modeling.precision import inference_autocast
 
     try:
         with inference_autocast(getattr(args, "inference_amp", "no")):

@@ -6,8 +6,8 @@ import argparse
 import ast
 from typing import Any
 
-from embforge.models import DEFAULT_MODEL
-from embforge.precision import AMP_SETTINGS
+from embforge.modeling.precision import AMP_SETTINGS
+from embforge.modeling.resolve import DEFAULT_MODEL
 
 
 def add_model_arg(parser: argparse.ArgumentParser, *, amp: bool = True) -> None:

@@ -85,7 +85,7 @@ def load_any_model(path: str) -> Any:
 
 
 def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
     from embforge.evaluate.pairs import evaluate_pairs
 
     data = read_table(args.data, columns=args.columns, label_set=[0, 1])
@@ -94,7 +94,7 @@ def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
     from embforge.evaluate.rerank import evaluate_rerank
 
     data = read_table(args.data, columns=args.columns)
@@ -105,9 +105,9 @@ def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_two_stage(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.cross_encoder import CrossEncoder
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
     from embforge.encoder import Encoder
-    from embforge.two_stage import evaluate_two_stage
+    from embforge.retrieval.two_stage import evaluate_two_stage
 
     data = read_table(args.data, columns=args.columns)
     return evaluate_two_stage(

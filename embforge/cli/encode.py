@@ -29,7 +29,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def read_texts(path: str, columns: str | None) -> list[str]:
-    from embforge.data import DataError, read_table
+    from embforge.data.tables import DataError, read_table
 
     if path.endswith(".txt") and columns is None:
         texts = []

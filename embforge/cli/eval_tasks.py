@@ -52,14 +52,14 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def _load(path: str, columns: str | None, *, label_names: list[str] | None = None) -> Any:
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
 
     return read_table(path, columns=columns, label_names=label_names)
 
 
 def _shared_label_names(*paths: str, columns: str | None) -> list[str] | None:
     """String labels of several files indexed in one sorted order (so train and test ids agree)."""
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
 
     names: set[str] = set()
     for path in paths:

@@ -20,7 +20,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 def run_sts(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.cli.cross import load_any_model
-    from embforge.data import read_table
+    from embforge.data.tables import read_table
     from embforge.evaluate.sts import evaluate_sts
 
     data = read_table(args.data, columns=args.columns)

@@ -1,7 +1,7 @@
 """``embforge eval retrieval``, ``embforge mine`` and ``embforge index build|search``.
 
 ``--data`` is a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or the SciFact folder
-(``corpus_train.csv``...; splits ``train``, ``dev``, ``all`` — see :mod:`embforge.datasets.scifact`).
+(``corpus_train.csv``...; splits ``train``, ``dev``, ``all`` — see :mod:`embforge.data.builtin.scifact`).
 """
 
 from __future__ import annotations
@@ -93,15 +93,15 @@ def _add_data(parser: argparse.ArgumentParser, *, default_split: str) -> None:
 
 
 def load_data(folder: str | None, split: str) -> Any:
-    """A BEIR or SciFact folder as :class:`~embforge.retrieval.data.RetrievalData`."""
+    """A BEIR or SciFact folder as :class:`~embforge.data.retrieval.RetrievalData`."""
     if folder is None:
         raise ValueError("--data FOLDER is required (a BEIR folder or the SciFact folder)")
     root = Path(folder)
     if (root / "corpus_train.csv").exists():
-        from embforge.datasets.scifact import load_scifact
+        from embforge.data.builtin.scifact import load_scifact
 
         return load_scifact(split, root=root)
-    from embforge.retrieval.data import load_beir
+    from embforge.data.retrieval import load_beir
 
     return load_beir(root, split=split)
 
@@ -125,8 +125,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_mine(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.data import read_table
-    from embforge.mining import MiningConfig, mine, write_jsonl
+    from embforge.data.tables import read_table
+    from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
 
     config = MiningConfig(
         method=args.method,
@@ -177,8 +177,8 @@ def _corpus(folder: str, columns: str | None) -> tuple[list[str], list[str]]:
     if root.is_dir():
         data = load_data(folder, "all" if (root / "corpus_train.csv").exists() else _any_split(root))
         return data.doc_ids, data.documents
-    from embforge.data import parse_columns
-    from embforge.retrieval.data import _read_texts
+    from embforge.data.retrieval import _read_texts
+    from embforge.data.tables import parse_columns
 
     ids, titles, texts = _read_texts(root, parse_columns(columns), with_title=True, kind="corpus")
     if not ids:
@@ -197,8 +197,8 @@ def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
     import time
 
     from embforge.encoder import Encoder
-    from embforge.index.factory import create_index
-    from embforge.retrieval.encode import encode_corpus, model_fingerprint
+    from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
+    from embforge.retrieval.index.registry import create_index
 
     ids, texts = _corpus(args.data, args.columns)
     model = Encoder.load(args.model, normalize=True)
@@ -227,7 +227,7 @@ def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_index_search(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
-    from embforge.index.factory import load_index
+    from embforge.retrieval.index.registry import load_index
 
     index = load_index(args.index)
     model = Encoder.load(args.model, normalize=True)

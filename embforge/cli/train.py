@@ -76,12 +76,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.run import load_toml, run, spec_from_dict
+    from embforge.training.run import load_toml, run, spec_from_dict
 
     path = args.config_file or args.config_flag
     values: dict[str, Any] = load_toml(path) if path else {}
     if path and "stages" in values:  # a multi-stage pipeline file (embforge/pipeline.py)
-        from embforge.pipeline import load_pipeline, run_pipeline
+        from embforge.training.pipeline import load_pipeline, run_pipeline
 
         return run_pipeline(
             load_pipeline(path),

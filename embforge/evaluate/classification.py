@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from embforge._optional import require
-from embforge.data import Dataset
+from embforge.data.tables import Dataset
 
 
 def _text_and_labels(data: Dataset, purpose: str) -> tuple[list[str], np.ndarray]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from embforge._optional import require
-from embforge.data import Dataset
+from embforge.data.tables import Dataset
 
 
 def cluster_scores(

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from embforge.data import Dataset
-from embforge.metrics import correlations
+from embforge.data.tables import Dataset
+from embforge.evaluate.similarity import correlations
 
 
 def score_pairs(model: Any, data: Dataset, *, batch_size: int = 64) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Input rows are ``sentence1`` (query), ``sentence2`` (candidate), ``label`` (relevance grade, 0 = not relevant),
 e.g. WikiQA. Works for cross-encoders (their score) and bi-encoders (cosine). Metrics come from
-:func:`embforge.ranking_metrics.evaluate_run` (equal to ``trec_eval``).
+:func:`embforge.evaluate.ranking.evaluate_run` (equal to ``trec_eval``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from embforge.data import Dataset
+from embforge.data.tables import Dataset
 from embforge.evaluate.pairs import score_pairs
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "map")
@@ -48,7 +48,7 @@ def evaluate_rerank(
     batch_size: int = 64,
 ) -> dict[str, float]:
     """Rank each query's candidates by the model's score; mean metrics over queries (0–100) plus ``queries``."""
-    from embforge.ranking_metrics import evaluate_run
+    from embforge.evaluate.ranking import evaluate_run
 
     groups, qrels = group_candidates(data, positives_only=positives_only)
     rows = sorted(r for members in groups.values() for r in members)

@@ -1,7 +1,7 @@
 """Retrieval evaluation: embed corpus and queries, search, score the run against the qrels.
 
 Headline numbers are 0–100 (``ndcg@10``, ``mrr@10``, ``recall@100``, ...); the per-query maths is
-:mod:`embforge.ranking_metrics`, which equals ``pytrec_eval``.
+:mod:`embforge.evaluate.ranking`, which equals ``pytrec_eval``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from embforge.index.factory import create_index
-from embforge.ranking_metrics import evaluate_run, parse_metric, run_from_topk
-from embforge.retrieval.data import RetrievalData
+from embforge.data.retrieval import RetrievalData
+from embforge.evaluate.ranking import evaluate_run, parse_metric, run_from_topk
+from embforge.retrieval.index.registry import create_index
 
 RETRIEVAL_METRICS: tuple[str, ...] = (
     "ndcg@10",
@@ -45,12 +45,12 @@ def search_run(
         batch_size: texts per forward pass.
         index: ``exact`` (numpy) or a FAISS kind (``flat``, ``hnsw``, ``ivf``, ``ivfpq``, ``pq``).
         corpus_cache: a folder to write corpus embeddings to (resumable, see
-            :func:`embforge.retrieval.encode.encode_corpus`); ``None`` keeps them in memory.
+            :func:`embforge.retrieval.corpus_cache.encode_corpus`); ``None`` keeps them in memory.
         show_progress: progress bar while encoding the corpus.
     """
     documents = data.documents
     if corpus_cache is not None:
-        from embforge.retrieval.encode import encode_corpus, model_fingerprint
+        from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
 
         doc_emb = np.asarray(
             encode_corpus(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from embforge.data import Dataset
+from embforge.data.tables import Dataset
 from embforge.encoder import Encoder
-from embforge.metrics import correlations, pair_scores
+from embforge.evaluate.similarity import correlations, pair_scores
 
 
 def evaluate_sts(model: Encoder | Any, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:

@@ -18,7 +18,7 @@ class EmbeddingLoss(nn.Module):
     """Base class of bi-encoder losses.
 
     Subclasses implement ``forward(embeddings, labels)`` where ``embeddings[k]`` is the ``(batch, dim)``
-    embedding of the k-th text column (in :attr:`embforge.data.Dataset.text_columns` order).
+    embedding of the k-th text column (in :attr:`embforge.data.tables.Dataset.text_columns` order).
 
     Class attributes tell the trainer what data the loss needs:
 

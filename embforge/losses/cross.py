@@ -13,7 +13,7 @@ name           data                                  formula
 
 Every loss sees tensors only: the trainer scores the pairs with the model and passes the logits. They carry the
 same class attributes as :class:`~embforge.losses.base.EmbeddingLoss` (``min_texts``, ``max_texts``,
-``needs_labels``) so :meth:`embforge.tasks.Task.validate` checks the data for them, plus ``grouped`` (the scores
+``needs_labels``) so :meth:`embforge.training.tasks.Task.validate` checks the data for them, plus ``grouped`` (the scores
 arrive as ``(queries, candidates)``).
 
 Example:

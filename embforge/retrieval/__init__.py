@@ -1,5 +1,2 @@
-"""Retrieval: BEIR-style corpus/queries/qrels, corpus encoding to disk, search runs."""
-
-from embforge.retrieval.data import RetrievalData, load_beir, load_retrieval_files
-
-__all__ = ["RetrievalData", "load_beir", "load_retrieval_files"]
+"""Retrieval: vector indexes behind one registry (exact, FAISS, Qdrant), dense candidate search, hard-negative
+mining, the corpus-encoding cache, and two-stage retrieve-then-rerank."""

@@ -24,8 +24,8 @@ import numpy as np
 from embforge._optional import require
 from embforge.serve.batcher import MicroBatcher
 from embforge.serve.config import ServeConfig
-from embforge.serve.metrics import Metrics
 from embforge.serve.middleware import ApiError, Gatekeeper, error_body, validation_message
+from embforge.serve.prometheus import Metrics
 from embforge.serve.store import DocumentStore
 
 require("fastapi")
@@ -117,9 +117,9 @@ def create_app(
     """Build the server app.
 
     Args:
-        model: An :class:`~embforge.encoder.Encoder` (torch) or :class:`~embforge.onnx_backend.OnnxEncoder`.
+        model: An :class:`~embforge.encoder.Encoder` (torch) or :class:`~embforge.modeling.onnx_runtime.OnnxEncoder`.
         reranker: Optional :class:`~embforge.cross_encoder.CrossEncoder` or
-            :class:`~embforge.onnx_backend.OnnxCrossEncoder` for ``/rerank``.
+            :class:`~embforge.modeling.onnx_runtime.OnnxCrossEncoder` for ``/rerank``.
         store: Optional :class:`DocumentStore` for ``/search`` and ``/index/documents`` (saved at shutdown).
         config: Limits, batching, auth (default :class:`ServeConfig`).
 

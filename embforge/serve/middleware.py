@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from embforge.serve.config import ServeConfig
-from embforge.serve.metrics import Metrics
+from embforge.serve.prometheus import Metrics
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -15,7 +15,7 @@ API_KEY_ENV = "EMBFORGE_API_KEY"
 def load_encoder(model: str, *, backend: str = "torch", threads: int | None = None) -> Any:
     """A torch :class:`Encoder`, or an :class:`OnnxEncoder` for an export folder / ``.onnx`` file."""
     if backend == "onnx":
-        from embforge.onnx_backend import OnnxEncoder
+        from embforge.modeling.onnx_runtime import OnnxEncoder
 
         return OnnxEncoder.load(model, threads=threads)
     if backend != "torch":
@@ -33,7 +33,7 @@ def load_reranker(model: str, *, threads: int | None = None) -> Any:
     """A :class:`CrossEncoder`, or an :class:`OnnxCrossEncoder` when ``model`` is an ONNX export."""
     path = Path(model)
     if path.suffix == ".onnx" or (path / "embforge_onnx.json").is_file():
-        from embforge.onnx_backend import OnnxCrossEncoder
+        from embforge.modeling.onnx_runtime import OnnxCrossEncoder
 
         return OnnxCrossEncoder.load(path, threads=threads)
     from embforge.cross_encoder import CrossEncoder

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from embforge.checkpoint import write_text_atomic
-from embforge.index.base import VectorIndex
+from embforge.retrieval.index.base import VectorIndex
+from embforge.training.checkpoints import write_text_atomic
 
 STORE_FILE = "store.json"
 DOCS_FILE = "documents.jsonl"
@@ -36,12 +36,12 @@ def _new_index(kind: str, dim: int, folder: Path | None, qdrant_url: str | None 
     if kind == "qdrant":
         import os
 
-        from embforge.index.qdrant_index import QdrantIndex
+        from embforge.retrieval.index.qdrant import QdrantIndex
 
         if qdrant_url is not None:
             return QdrantIndex(dim, url=qdrant_url, api_key=os.environ.get("QDRANT_API_KEY"))
         return QdrantIndex(dim, path=folder / INDEX_DIR if folder is not None else None)
-    from embforge.index.factory import create_index
+    from embforge.retrieval.index.registry import create_index
 
     return create_index(kind, dim)
 
@@ -51,10 +51,10 @@ def _load_index(folder: Path) -> VectorIndex:
     if meta.get("backend") == "qdrant":
         import os
 
-        from embforge.index.qdrant_index import QdrantIndex
+        from embforge.retrieval.index.qdrant import QdrantIndex
 
         return QdrantIndex.load(folder, api_key=os.environ.get("QDRANT_API_KEY"))
-    from embforge.index.factory import load_index
+    from embforge.retrieval.index.registry import load_index
 
     return load_index(folder)
 

@@ -1,5 +1,0 @@
-"""Loaders for the offline data sets under ``../shared/data`` (see :func:`embforge.paths.data_root`).
-
-One small module per data set turns its original files into :class:`embforge.data.Dataset` objects with standard
-column names (or, for retrieval, a BEIR-style corpus/queries/qrels triple).
-"""

@@ -1,0 +1,231 @@
+"""Run exported ONNX graphs with onnxruntime behind the same API as the PyTorch models.
+
+:class:`OnnxEncoder` has :meth:`Encoder.encode`'s signature; :class:`OnnxCrossEncoder` has ``predict(pairs)``.
+Both read a folder written by :func:`embforge.export.export_onnx` (graph, tokenizer files and
+``embforge_onnx.json``). Pooling, normalisation and any Matryoshka truncation run inside the graph.
+
+Example:
+    >>> from embforge.encoder import Encoder
+    >>> enc = Encoder.load("exported/model_int8.onnx", backend="onnx")  # doctest: +SKIP
+    >>> enc.encode(["a cat", "a dog"]).shape  # doctest: +SKIP
+    (2, 384)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from embforge._optional import require
+from embforge.modeling.padding import sort_by_length
+from embforge.modeling.tokenizing import PromptTokenizing
+
+META_FILE = "embforge_onnx.json"
+
+
+def read_export_meta(path: str | os.PathLike) -> tuple[Path, Path, dict[str, Any]]:
+    """``(folder, graph file, metadata)`` for an export folder or one ``.onnx`` file inside it."""
+    given = Path(path).expanduser()
+    folder = given.parent if given.suffix == ".onnx" else given
+    meta_file = folder / META_FILE
+    if not meta_file.is_file():
+        raise FileNotFoundError(
+            f"{meta_file} not found: {given} is not an embforge ONNX export "
+            "(create one with: embforge export onnx --model M --output DIR)"
+        )
+    meta = json.loads(meta_file.read_text())
+    graph = given if given.suffix == ".onnx" else folder / meta["files"]["fp32"]
+    if not graph.is_file():
+        raise FileNotFoundError(
+            f"ONNX graph {graph} does not exist (files listed in {meta_file}: {meta['files']})"
+        )
+    return folder, graph, meta
+
+
+def make_session(graph: Path, *, threads: int | None = None) -> Any:
+    """An onnxruntime CPU session with full graph optimisation."""
+    ort = require("onnxruntime")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _pad(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(x) for x in ids)
+    batch = np.full((len(ids), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    for row, seq in enumerate(ids):
+        batch[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return batch, mask
+
+
+def _l2_normalize(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+class OnnxEncoder(PromptTokenizing):
+    """A bi-encoder running an exported graph: texts -> vectors, same ``encode()`` as :class:`Encoder`."""
+
+    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.graph = graph
+        self.pooling: str = meta["pooling"]
+        self.normalize: bool = bool(meta["normalize"])
+        self.max_seq_length: int = int(meta["max_seq_length"])
+        self.prompts: dict[str, str] = dict(meta.get("prompts") or {})
+        self.default_prompt_name: str | None = meta.get("default_prompt_name")
+        self._inputs = {i.name for i in session.get_inputs()}
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        threads: int | None = None,
+        max_seq_length: int | None = None,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+    ) -> OnnxEncoder:
+        """Load an export folder (its fp32 graph) or a specific ``.onnx`` file in it (e.g. ``model_int8.onnx``).
+
+        ``pooling`` and ``normalize`` are baked into the graph; passing a different value is an error.
+        """
+        folder, graph, meta = read_export_meta(path)
+        if meta.get("kind") != "bi-encoder":
+            raise ValueError(f"{graph} is a {meta.get('kind')} export; load it with OnnxCrossEncoder")
+        for name, value in (("pooling", pooling), ("normalize", normalize)):
+            if value is not None and value != meta[name]:
+                raise ValueError(
+                    f"{name}={value!r} differs from the exported graph ({meta[name]!r}, fixed at export time); "
+                    "re-export the model with the setting you want"
+                )
+        model = cls(make_session(graph, threads=threads), _load_tokenizer(folder), meta, graph=graph)
+        if max_seq_length is not None:
+            model.max_seq_length = max_seq_length
+        return model
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def run_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """One graph call on a list of token-id lists (padded together): ``(n, dim)`` float32."""
+        batch, mask = _pad(ids, self.pad_token_id)
+        feeds = {"input_ids": batch, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(batch)
+        return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
+
+    def embed_token_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 32) -> np.ndarray:
+        """Embed tokenised texts in input order, in length-sorted batches of ``batch_size``."""
+        order = sort_by_length(ids)
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for start in range(0, len(ids), batch_size):
+            rows = order[start : start + batch_size]
+            out[rows] = self.run_ids([ids[i] for i in rows])
+        return out
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        dim: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+    ) -> np.ndarray:
+        """Embed texts; the arguments mean what they mean in :meth:`Encoder.encode`."""
+        single = isinstance(texts, str)
+        batch: list[str] = [texts] if isinstance(texts, str) else list(texts)
+        if dim is not None and not 0 < dim <= self.dim:
+            raise ValueError(f"dim must be between 1 and the model's dimension {self.dim}, got {dim}")
+        ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
+        order = sort_by_length(ids)
+        n_batches = (len(ids) + batch_size - 1) // batch_size
+        if show_progress is None:
+            show_progress = n_batches > 20 and sys.stderr.isatty()
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for start in tqdm(range(0, len(ids), batch_size), disable=not show_progress, desc="encode"):
+            rows = order[start : start + batch_size]
+            out[rows] = self.run_ids([ids[i] for i in rows])
+        do_norm = self.normalize if normalize is None else normalize
+        if dim is not None:
+            out = out[:, :dim]
+        if do_norm and (dim is not None or not self.normalize):
+            out = _l2_normalize(out).astype(np.float32)
+        return out[0] if single else out
+
+
+class OnnxCrossEncoder:
+    """A cross-encoder running an exported graph: ``predict(pairs)`` -> one score per pair."""
+
+    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any]) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.max_seq_length: int = int(meta["max_seq_length"])
+        self._inputs = {i.name for i in session.get_inputs()}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, threads: int | None = None) -> OnnxCrossEncoder:
+        """Load a cross-encoder export folder or one ``.onnx`` file in it."""
+        folder, graph, meta = read_export_meta(path)
+        if meta.get("kind") != "cross-encoder":
+            raise ValueError(f"{graph} is a {meta.get('kind')} export; load it with OnnxEncoder")
+        return cls(make_session(graph, threads=threads), _load_tokenizer(folder), meta)
+
+    @property
+    def activation(self) -> str | None:
+        return self.meta.get("activation")
+
+    def predict(
+        self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, activation: bool = True
+    ) -> np.ndarray:
+        """Scores of ``(query, document)`` pairs: ``(n,)`` for one-label models, else ``(n, labels)``.
+
+        Like :meth:`CrossEncoder.predict`: ``activation`` applies the model's activation (sigmoid when it was
+        exported with one); ``False`` returns raw logits.
+        """
+        pairs = list(pairs)
+        if not pairs:
+            return np.zeros((0,), dtype=np.float32)
+        scores = []
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            enc = self.tokenizer(
+                [a for a, _ in chunk],
+                [b for _, b in chunk],
+                truncation=True,
+                max_length=self.max_seq_length,
+                padding=True,
+                return_tensors="np",
+            )
+            feeds = {name: np.asarray(enc[name], dtype=np.int64) for name in self._inputs if name in enc}
+            if "token_type_ids" in self._inputs and "token_type_ids" not in feeds:
+                feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+            scores.append(np.asarray(self.session.run(None, feeds)[0], dtype=np.float32))
+        out = np.concatenate(scores)
+        if activation and self.activation == "sigmoid":
+            out = (1.0 / (1.0 + np.exp(-out))).astype(np.float32)
+        return out[:, 0] if out.ndim == 2 and out.shape[1] == 1 else out

@@ -1,0 +1,377 @@
+"""Hard-negative mining: BM25 (``bm25s``), dense (an embedding model + a vector index) or hybrid, with filters.
+
+For each query the miner ranks corpus candidates, then removes, in this order (all vectorised over queries):
+
+1. **known positives** — every document judged relevant for the query is never a negative (nor is a corpus
+   entry whose text equals a positive in pairs mode, where documents are texts);
+   then, with a ``rescorer`` (a one-label :class:`~embforge.cross_encoder.CrossEncoder`), the first
+   ``rescore_depth`` remaining candidates of each query and every known positive are scored by the cross-encoder
+   (with its activation: sigmoid scores in (0, 1)), the candidates are re-ranked by that score and the filters
+   below use it instead of the retriever's — a cross-encoder is a far better judge of an unlabelled positive;
+2. **relative margin** ``m`` — candidates scoring above ``s⁺ − |s⁺|·m`` (``(1 − m)·s⁺`` for positive scores)
+   where ``s⁺`` is the query's lowest positive score: near-duplicates of a positive are likely unlabelled positives;
+3. **absolute margin** ``a`` — candidates scoring above ``s⁺ − a``; **max_score** — candidates above a score;
+4. **skip_top** ``r`` — the first ``r`` surviving candidates are skipped.
+
+Without a rescorer, margins use the dense cosine score for ``dense`` and ``hybrid`` mining and the BM25 score
+for ``bm25``. Then
+``round(hard_ratio · n)`` negatives are taken from the survivors (the best ones, or a random sample with
+``sampling="random"``) and the rest drawn uniformly from the whole corpus (never a known positive). This matches
+sentence-transformers' ``mine_hard_negatives`` (``range_min`` = ``skip_top``, ``range_max`` = ``depth``) when
+``hard_ratio=1`` and ``sampling="top"``. A row that cannot get ``n`` negatives is dropped and counted.
+
+Example:
+    >>> from embforge.retrieval.mining import MiningConfig, mine
+    >>> rows = mine(model, data, MiningConfig(method="dense", num_negatives=3,
+    ...                                       relative_margin=0.05))  # doctest: +SKIP
+    >>> write_jsonl(rows, "triplets.jsonl")  # doctest: +SKIP
+    >>> from embforge.cross_encoder import CrossEncoder
+    >>> reranker = CrossEncoder.load("my-reranker")  # doctest: +SKIP
+    >>> rows = mine(model, data, MiningConfig(method="bm25", relative_margin=0.1, rescore_depth=50),
+    ...             rescorer=reranker)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from embforge._optional import require
+from embforge.data.retrieval import RetrievalData
+from embforge.data.tables import Dataset
+
+if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
+
+METHODS = ("dense", "bm25", "hybrid")
+
+
+@dataclass
+class MiningConfig:
+    """How to mine. ``depth=None`` means ``skip_top + 10·num_negatives + max positives`` with a margin or max_score
+    filter, else ``skip_top + num_negatives + max positives`` (sentence-transformers' rule), and at least
+    ``rescore_depth`` when a cross-encoder rescores the top ``rescore_depth`` candidates of each query."""
+
+    method: str = "dense"
+    num_negatives: int = 3
+    depth: int | None = None
+    skip_top: int = 0
+    relative_margin: float | None = None
+    absolute_margin: float | None = None
+    max_score: float | None = None
+    hard_ratio: float = 1.0
+    sampling: str = "top"
+    index: str = "exact"
+    batch_size: int = 32
+    max_tokens: int | None = None
+    rescore_depth: int = 30
+    seed: int = 0
+    stats: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown mining method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.sampling not in ("top", "random"):
+            raise ValueError(f"sampling must be 'top' or 'random', got {self.sampling!r}")
+        if self.num_negatives < 1:
+            raise ValueError(f"num_negatives must be >= 1, got {self.num_negatives}")
+        if self.skip_top < 0:
+            raise ValueError(f"skip_top must be >= 0, got {self.skip_top}")
+        if self.rescore_depth < 1:
+            raise ValueError(f"rescore_depth must be >= 1, got {self.rescore_depth}")
+        if not 0.0 <= self.hard_ratio <= 1.0:
+            raise ValueError(f"hard_ratio must be between 0 and 1, got {self.hard_ratio}")
+        if self.relative_margin is not None and not 0.0 <= self.relative_margin < 1.0:
+            raise ValueError(f"relative_margin must be in [0, 1), got {self.relative_margin}")
+
+    @property
+    def num_hard(self) -> int:
+        return round(self.hard_ratio * self.num_negatives)
+
+
+@dataclass
+class Mined:
+    """Negatives per query: ``negatives (q, n)`` corpus positions (-1 where none), their scores (the rescorer's
+    when one was given; NaN for random negatives), the positives' scores, and stats."""
+
+    negatives: np.ndarray
+    scores: np.ndarray
+    positive_scores: np.ndarray
+    stats: dict[str, int]
+
+
+def mine_positions(
+    query_texts: list[str],
+    positives: list[list[int]],
+    corpus: list[str],
+    config: MiningConfig,
+    *,
+    model: Any = None,
+    query_emb: np.ndarray | None = None,
+    doc_emb: np.ndarray | None = None,
+    rescorer: CrossEncoder | None = None,
+) -> Mined:
+    """Mine negatives for queries whose known positives are corpus positions; the array-level core.
+
+    Args:
+        query_texts: the queries.
+        positives: for each query, the corpus positions of its known positives (at least one each).
+        corpus: the documents.
+        config: mining settings.
+        model: the embedding model (dense/hybrid), unless ``query_emb``/``doc_emb`` are given.
+        query_emb: precomputed query embeddings.
+        doc_emb: precomputed document embeddings.
+        rescorer: a one-label cross-encoder that re-scores and re-ranks the first ``config.rescore_depth``
+            candidates of each query and scores the positives; the filters then use its scores.
+    """
+    from embforge.retrieval.search import bm25_candidates, dense_candidates, embed, hybrid_candidates, rescore
+
+    n_q, n_docs = len(query_texts), len(corpus)
+    if len(positives) != n_q or any(not p for p in positives):
+        raise ValueError("mining: every query needs at least one known positive")
+    max_pos = max(len(p) for p in positives)
+    depth = config.depth
+    if depth is None:
+        filtering = config.relative_margin is not None or config.absolute_margin is not None
+        filtering = filtering or config.max_score is not None
+        depth = config.skip_top + config.num_hard * (10 if filtering else 1) + max_pos
+        depth = max(depth, config.rescore_depth) if rescorer is not None else depth
+    depth = min(depth + max_pos, n_docs)
+    # positive mask helpers: (query, doc) keys, sorted for np.isin
+    pos_q = np.repeat(np.arange(n_q), [len(p) for p in positives])
+    pos_d = np.concatenate([np.asarray(p, dtype=np.int64) for p in positives])
+    pos_keys = np.unique(pos_q * n_docs + pos_d)
+
+    if config.method == "bm25":
+        cand, scores, pos_scores = bm25_candidates(query_texts, corpus, depth, pos_q, pos_d)
+    else:
+        if query_emb is None or doc_emb is None:
+            if model is None:
+                raise ValueError(f"{config.method} mining needs a model or precomputed embeddings")
+            query_emb = embed(model, query_texts, config) if query_emb is None else query_emb
+            doc_emb = embed(model, corpus, config) if doc_emb is None else doc_emb
+        q = np.ascontiguousarray(query_emb, dtype=np.float32)
+        d = np.ascontiguousarray(doc_emb, dtype=np.float32)
+        if config.method == "dense":
+            cand, scores = dense_candidates(q, d, depth, config.index)
+        else:
+            cand, scores = hybrid_candidates(query_texts, corpus, q, d, depth, config.index)
+        pos_scores = np.einsum("ij,ij->i", q[pos_q], d[pos_d])
+    stats: dict[str, int] = {"candidates": int(np.count_nonzero(cand >= 0))}
+    valid = cand >= 0
+    is_pos = np.isin(np.arange(n_q)[:, None] * n_docs + cand, pos_keys) & valid
+    stats["skipped_positive"] = int(is_pos.sum())
+    valid &= ~is_pos
+    if rescorer is not None:  # from here on the scores are the cross-encoder's
+        cand, scores, valid, pos_scores = rescore(
+            rescorer,
+            query_texts,
+            corpus,
+            cand,
+            valid,
+            pos_q,
+            pos_d,
+            depth=config.rescore_depth,
+            batch_size=config.batch_size,
+        )
+        stats["rescored"] = int(valid.sum())
+    ref = np.full(n_q, np.inf, dtype=np.float64)
+    np.minimum.at(ref, pos_q, pos_scores.astype(np.float64))
+    valid &= ~_filtered(scores, valid, ref[:, None], config, stats)
+    hard = _pick_hard(valid, config)
+    negatives = np.take_along_axis(cand, np.maximum(hard, 0), axis=1)
+    neg_scores = np.take_along_axis(scores, np.maximum(hard, 0), axis=1).astype(np.float32)
+    negatives[hard < 0] = -1
+    neg_scores[hard < 0] = -np.inf
+    n_random = config.num_negatives - config.num_hard
+    if n_random:
+        rand = _random_negatives(negatives, pos_keys, n_docs, n_random, config.seed)
+        negatives = np.concatenate([negatives, rand], axis=1)
+        neg_scores = np.concatenate([neg_scores, np.full(rand.shape, np.nan, np.float32)], axis=1)
+    stats["queries_short"] = int(np.any(negatives < 0, axis=1).sum())
+    return Mined(negatives, neg_scores, pos_scores.astype(np.float32), stats)
+
+
+def _filtered(
+    scores: np.ndarray, valid: np.ndarray, ref: np.ndarray, config: MiningConfig, stats: dict[str, int]
+) -> np.ndarray:
+    """Mask of the valid candidates that a margin or ``max_score`` drops; ``ref (q, 1)``: lowest positive score.
+
+    ``scores`` come from whichever scorer ranked the candidates (retriever or cross-encoder); drops are counted
+    in ``stats`` per filter, in order (a candidate is counted by the first filter that drops it).
+    """
+    drop = np.zeros_like(valid)
+    for name, threshold in (
+        (
+            "relative_margin",
+            None if config.relative_margin is None else ref - np.abs(ref) * config.relative_margin,
+        ),
+        ("absolute_margin", None if config.absolute_margin is None else ref - config.absolute_margin),
+        ("max_score", config.max_score),
+    ):
+        if threshold is None:
+            continue
+        new = valid & ~drop & (scores > threshold)
+        stats[f"skipped_{name}"] = int(new.sum())
+        drop |= new
+    return drop
+
+
+def _pick_hard(valid: np.ndarray, config: MiningConfig) -> np.ndarray:
+    """Column positions of the chosen hard candidates per row (rank order), -1 where too few survive."""
+    n_hard = config.num_hard
+    if n_hard == 0:
+        return np.empty((len(valid), 0), dtype=np.int64)
+    usable = valid & (np.cumsum(valid, axis=1) > config.skip_top)
+    if config.sampling == "random":
+        rng = np.random.default_rng(config.seed)
+        keys = np.where(usable, rng.random(usable.shape), np.inf)
+        chosen = np.argsort(keys, axis=1, kind="stable")[:, :n_hard]
+        ok = np.take_along_axis(usable, chosen, axis=1)
+        chosen = np.sort(np.where(ok, chosen, np.iinfo(np.int64).max), axis=1)
+        return np.where(chosen == np.iinfo(np.int64).max, -1, chosen)
+    order = np.argsort(~usable, axis=1, kind="stable")[:, :n_hard]
+    ok = np.take_along_axis(usable, order, axis=1)
+    return np.where(ok, order, -1)
+
+
+def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: int, seed: int) -> np.ndarray:
+    """``n`` uniform corpus positions per row, never a known positive nor an already chosen negative."""
+    rng = np.random.default_rng(seed + 1)
+    n_q = len(chosen)
+    draws = rng.integers(0, n_docs, size=(n_q, 4 * n + 8))
+    bad = np.isin(np.arange(n_q)[:, None] * n_docs + draws, pos_keys)
+    bad |= (draws[:, :, None] == chosen[:, None, :]).any(axis=2)
+    # a repeated draw within the row is also bad: keep the first occurrence only
+    sorted_idx = np.argsort(draws, axis=1, kind="stable")
+    sorted_draws = np.take_along_axis(draws, sorted_idx, axis=1)
+    repeat = np.zeros_like(bad)
+    repeat_sorted = np.concatenate(
+        [np.zeros((n_q, 1), bool), sorted_draws[:, 1:] == sorted_draws[:, :-1]], axis=1
+    )
+    np.put_along_axis(repeat, sorted_idx, repeat_sorted, axis=1)
+    bad |= repeat
+    order = np.argsort(bad, axis=1, kind="stable")[:, :n]
+    picked = np.take_along_axis(draws, order, axis=1)
+    return np.where(np.take_along_axis(bad, order, axis=1), -1, picked)
+
+
+def _cached_corpus(
+    model: Any, docs: list[str], ids: list[str], config: MiningConfig, folder: str | os.PathLike
+) -> np.ndarray:
+    """Unit-length corpus embeddings from (or written to) ``folder``; fingerprinted by weights and texts."""
+    from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
+    from embforge.retrieval.search import unit_rows
+
+    tag = model_fingerprint(model)
+    return unit_rows(encode_corpus(model, docs, ids, folder, batch_size=config.batch_size, model_tag=tag))
+
+
+def mine(
+    model: Any,
+    data: RetrievalData | Dataset,
+    config: MiningConfig,
+    *,
+    corpus: list[str] | None = None,
+    query_emb: np.ndarray | None = None,
+    doc_emb: np.ndarray | None = None,
+    rescorer: CrossEncoder | None = None,
+    corpus_cache: str | os.PathLike | None = None,
+) -> Dataset:
+    """Mine negatives and return ``anchor, positive, negative_1..n`` rows (one per relevant query-document pair).
+
+    Args:
+        model: the embedding model (ignored for ``bm25``).
+        data: a :class:`RetrievalData` (ids + qrels: every judged-relevant document is a known positive) or an
+            ``anchor, positive`` :class:`Dataset` (pairs mode: documents are texts; all positives of the same
+            anchor text are known positives; the corpus is ``corpus`` plus the positives, de-duplicated).
+        config: mining settings; ``config.stats`` is filled with filter counts.
+        corpus: extra documents for pairs mode.
+        query_emb: precomputed embeddings of the unique queries (in first-appearance order), if any.
+        doc_emb: precomputed embeddings of the corpus (in pairs mode: ``corpus`` then new positives), if any.
+        rescorer: optional cross-encoder (one label, e.g. a trained reranker): the first ``config.rescore_depth``
+            retrieved candidates of each query (known positives already removed) and the query's positives are
+            scored by it, the candidates re-ranked by its scores, and the margin / max_score / skip_top filters
+            applied to its scores instead of the retriever's, so that likely false negatives are judged by the
+            better model. Cost: about ``rescore_depth + positives`` cross-encoder pairs per query.
+        corpus_cache: a folder for the corpus embeddings (dense and hybrid methods): written on the first call
+            (resumable, :func:`embforge.retrieval.corpus_cache.encode_corpus`) and reused, without encoding, by later
+            calls with the same model weights and documents — e.g. to try other filters.
+    """
+    if isinstance(data, RetrievalData):
+        position = {d: i for i, d in enumerate(data.doc_ids)}
+        docs = data.documents
+        queries = [(q, t) for q, t in zip(data.query_ids, data.query_texts) if data.qrels.get(q)]
+        query_texts = [t for _, t in queries]
+        positives = [[position[d] for d, g in data.qrels[q].items() if g > 0] for q, _ in queries]
+        keep = [i for i, p in enumerate(positives) if p]
+        query_texts, positives = [query_texts[i] for i in keep], [positives[i] for i in keep]
+    else:
+        data.require(["anchor", "positive"], purpose="hard-negative mining")
+        anchors, pos_texts = data.columns["anchor"], data.columns["positive"]
+        docs = list(dict.fromkeys([*(corpus or []), *pos_texts]))
+        position = {t: i for i, t in enumerate(docs)}
+        grouped: dict[str, list[int]] = {}
+        for a, p in zip(anchors, pos_texts):
+            group = grouped.setdefault(a, [])
+            if position[p] not in group:
+                group.append(position[p])
+        query_texts, positives = list(grouped), list(grouped.values())
+    if not query_texts:
+        raise ValueError("mining: no query has a relevant document")
+    if corpus_cache is not None and doc_emb is None and config.method != "bm25":
+        ids = data.doc_ids if isinstance(data, RetrievalData) else [str(i) for i in range(len(docs))]
+        doc_emb = _cached_corpus(model, docs, ids, config, corpus_cache)
+    mined = mine_positions(
+        query_texts,
+        positives,
+        docs,
+        config,
+        model=model,
+        query_emb=query_emb,
+        doc_emb=doc_emb,
+        rescorer=rescorer,
+    )
+    anchors_out: list[str] = []
+    pos_out: list[str] = []
+    neg_cols: list[list[str]] = [[] for _ in range(config.num_negatives)]
+    dropped = 0
+    for qi, (text, pos) in enumerate(zip(query_texts, positives)):
+        row = mined.negatives[qi]
+        if (row < 0).any():
+            dropped += len(pos)
+            continue
+        for p in pos:
+            anchors_out.append(text)
+            pos_out.append(docs[p])
+            for j, neg in enumerate(row):
+                neg_cols[j].append(docs[neg])
+    config.stats = {**mined.stats, "rows": len(anchors_out), "rows_dropped": dropped}
+    columns: dict[str, list] = {"anchor": anchors_out, "positive": pos_out}
+    columns.update({f"negative_{j + 1}": col for j, col in enumerate(neg_cols)})
+    return Dataset("mined", columns, list(range(1, len(anchors_out) + 1)))
+
+
+def write_jsonl(data: Dataset, path: str | os.PathLike) -> Path:
+    """Write rows as JSONL with the dataset's text columns (``anchor, positive, negative_1..n``)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    names = data.text_columns
+    with out.open("w", encoding="utf-8") as handle:
+        for r in range(len(data)):
+            handle.write(json.dumps({c: data.columns[c][r] for c in names}, ensure_ascii=False) + "\n")
+    return out
+
+
+def bm25_available() -> bool:
+    """Whether ``bm25s`` can be imported (BM25 and hybrid mining need it)."""
+    try:
+        require("bm25s")
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,339 @@
+"""The training loop: tasks -> batches -> embeddings -> loss -> optimiser step, with eval and atomic checkpoints.
+
+Read :func:`train` top to bottom: mixed precision, gradient accumulation, clipping, evaluation, checkpointing
+and resuming are plain lines in one loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from embforge.modeling.precision import amp_dtype, check_amp
+from embforge.training.checkpoints import (
+    atomic_dir,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from embforge.training.sampling import STRATEGIES, TaskPlan, row_texts, uses_in_batch_negatives
+from embforge.training.tasks import Task
+from embforge.training.weighting import DynamicWeights
+
+Evaluator = Callable[[Any], dict[str, float]]
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs besides the model and the data. The CLI and TOML files fill it.
+
+    The defaults are the measured recipe for all-MiniLM-L6-v2 on STS-B (see README: CoSENT, lr 5e-5, batch 32).
+    """
+
+    output: str = "output"
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 32
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    grad_accum: int = 1
+    amp: str = "auto"
+    seed: int = 42
+    eval_every: int = 0
+    save_every: int = 200
+    keep_checkpoints: int = 1
+    log_every: int = 10
+    group_by_length: bool = False
+    chunk_tokens: int | None = None
+    metric: str = "spearman"
+    device: str = "auto"
+    sampling: str = "epoch"
+    sampling_alpha: float = 0.5
+    dynamic_weights_every: int = 0
+    dynamic_weights_smoothing: float = 0.5
+    dynamic_weights_relative: bool = False
+    resume: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum", "chunk_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.sampling not in STRATEGIES:
+            raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
+        check_amp(self.amp)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict[str, Any]]:
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for module in modules:
+        for name, param in module.named_parameters():
+            if not param.requires_grad:
+                continue
+            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    """AdamW with the fused (one kernel for all parameters) update where this torch has it: 7x faster on CPU."""
+    try:
+        return torch.optim.AdamW(groups, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):  # torch < 2.4 on CPU, or a device without a fused kernel
+        return torch.optim.AdamW(groups, lr=lr)
+
+
+def _linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _prepare(model: Any, tasks: list[Task], config: TrainConfig) -> tuple[list[Any], list[int], Any, Any]:
+    """Tokenise the tasks and derive what the batch plan needs: sizes, lengths, distinct-text keys."""
+    prepared = [model.prepare_task(task) for task in tasks]
+    sizes = [len(t.data) for t in tasks]
+    lengths = [p.lengths for p in prepared] if config.group_by_length else None
+    # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
+    distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
+    return prepared, sizes, lengths, distinct
+
+
+def train(
+    model: Any,
+    tasks: list[Task],
+    config: TrainConfig,
+    *,
+    evaluator: Evaluator | None = None,
+    on_step: Callable[[int], None] | None = None,
+    refresher: Callable[[int, Any], list[Task] | None] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune ``model`` on ``tasks``; write checkpoints, metrics and the final model to ``config.output``.
+
+    Args:
+        model: An :class:`~embforge.encoder.Encoder` (anything with ``tokenize_ids``, ``embed_ids``, ``save``).
+        tasks: One or more tasks; each batch comes from one task.
+        config: Hyper-parameters and run options.
+        evaluator: ``model -> metrics``; run every ``config.eval_every`` steps and at the end. The best value
+            of ``config.metric`` is kept in ``output/best``.
+        on_step: Called with the step number after every optimiser step.
+        refresher: Called as ``refresher(step, model)`` after every optimiser step; when it returns tasks (the
+            same number, the same rows, new texts — e.g. refreshed hard negatives, see
+            :class:`embforge.training.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on; the step is
+            saved in checkpoints as ``progress["refreshed_at"]``, so that on resume the caller can pass the tasks
+            that were in use (:meth:`~embforge.training.refresh.NegativeRefresher.resume`). Its ``close()``, if any, is
+            called when training ends.
+
+    Returns:
+        A summary: steps, seconds, training pairs/s, final and best metrics.
+    """
+    out = Path(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(config.device)
+    seed_everything(config.seed)
+    model.to(device)
+    losses = nn.ModuleList([t.loss for t in tasks]).to(device)
+    prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
+    weights = [t.weight for t in tasks]
+    dynamic = (
+        DynamicWeights(
+            weights,
+            every=config.dynamic_weights_every,
+            smoothing=config.dynamic_weights_smoothing,
+            relative=config.dynamic_weights_relative,
+            names=[t.name for t in tasks],
+        )
+        if config.dynamic_weights_every
+        else None
+    )
+
+    def plan_for(epoch: int) -> TaskPlan:
+        return TaskPlan(
+            sizes,
+            config.batch_size,
+            seed=config.seed,
+            epoch=epoch,
+            strategy=config.sampling,
+            alpha=config.sampling_alpha,
+            lengths=lengths,
+            distinct=distinct,
+        )
+
+    batches_per_epoch = sum(math.ceil(n / config.batch_size) for n in sizes)
+    total_steps = config.max_steps or math.ceil(config.epochs * batches_per_epoch / config.grad_accum)
+    optimizer = _adamw(_param_groups([model, losses], config.weight_decay), config.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _linear_schedule(int(config.warmup_ratio * total_steps), total_steps)
+    )
+    dtype = amp_dtype(config.amp, device)
+    # padded tokens per forward chunk: small on CPU (less padding beats bigger matrices), large on GPUs
+    chunk_tokens = config.chunk_tokens or (512 if device.type == "cpu" else 16384)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    progress: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "best": None, "pairs": 0}
+
+    checkpoints = out / "checkpoints"
+    resume_from = latest_checkpoint(checkpoints) if config.resume else None
+    if resume_from is not None:
+        state, loss_state, progress = load_trainer_state(resume_from)
+        model.load_state_dict(type(model).load(resume_from / "model").state_dict())
+        losses.load_state_dict(loss_state)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        _log(out, {"event": "resume", "from": resume_from.name, **progress})
+    if dynamic is not None and "dynamic_weights" in progress:
+        dynamic.load_state_dict(progress["dynamic_weights"])
+
+    plan = plan_for(progress["epoch"])
+    metrics_file = out / "metrics.jsonl"
+    bar = tqdm(total=total_steps, initial=progress["step"], disable=config.quiet, desc="train")
+    running, started, step_pairs = [], time.perf_counter(), 0
+    task_running: dict[str, list[float]] = {}
+    last_metrics: dict[str, float] = {}
+    model.train()
+    while progress["step"] < total_steps:
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(config.grad_accum):
+            if progress["position"] >= len(plan):
+                progress["epoch"] += 1
+                progress["position"] = 0
+                progress["cursors"] = [0] * len(tasks)
+                plan = plan_for(progress["epoch"])
+            batch = plan.take(progress, dynamic.weights if dynamic is not None else weights)
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = prepared[batch.task].loss(model, batch.rows, chunk_tokens)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss became {loss.item()} at step {progress['step'] + 1} "
+                    f"(task {tasks[batch.task].name!r}); lower the learning rate or use amp='no'"
+                )
+            scaler.scale(loss / config.grad_accum).backward()
+            running.append(loss.item())
+            task_running.setdefault(tasks[batch.task].name, []).append(running[-1])
+            if dynamic is not None:
+                dynamic.observe(batch.task, running[-1])
+            step_pairs += len(batch.rows)
+        scaler.unscale_(optimizer)
+        if config.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(
+                [p for g in optimizer.param_groups for p in g["params"]], config.max_grad_norm
+            )
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        progress["step"] += 1
+        progress["pairs"] += step_pairs
+        step_pairs = 0
+        step = progress["step"]
+        bar.update(1)
+        if dynamic is not None:  # loss-share task weights (embforge/weighting.py), saved with the progress
+            reweighted = dynamic.step(step)
+            progress["dynamic_weights"] = dynamic.state_dict()
+            if reweighted is not None:
+                _append_jsonl(metrics_file, reweighted)
+        if step % config.log_every == 0 or step == total_steps:
+            mean_loss = float(np.mean(running))
+            running = []
+            bar.set_postfix(loss=f"{mean_loss:.4f}")
+            _append_jsonl(
+                metrics_file,
+                {
+                    "step": step,
+                    "epoch": progress["epoch"],
+                    "loss": mean_loss,
+                    "lr": scheduler.get_last_lr()[0],
+                    **(
+                        {"task_loss": {k: float(np.mean(v)) for k, v in task_running.items()}}
+                        if len(tasks) > 1
+                        else {}
+                    ),
+                },
+            )
+            task_running = {}
+        if evaluator is not None and (
+            (config.eval_every and step % config.eval_every == 0) or step == total_steps
+        ):
+            last_metrics = evaluator(model)
+            model.train()
+            _append_jsonl(metrics_file, {"step": step, "eval": last_metrics})
+            value = last_metrics.get(config.metric)
+            if value is not None and (progress["best"] is None or value > progress["best"]["value"]):
+                progress["best"] = {"step": step, "value": value}
+                atomic_dir(out / "best", model.save)
+        fresh = refresher(step, model) if refresher is not None else None
+        if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
+            tasks = fresh
+            prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
+            plan = plan_for(progress["epoch"])
+            model.train()
+            progress["refreshed_at"] = step  # saved below: on resume the refresher restores these tasks
+        if config.save_every and (step % config.save_every == 0 or step == total_steps):
+            save_checkpoint(
+                checkpoints,
+                model=model,
+                losses=losses,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                scaler=scaler,
+                progress=progress,
+                keep=config.keep_checkpoints,
+            )
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    close = getattr(refresher, "close", None)  # a background refresh still running cannot be used any more
+    if close is not None:
+        close()
+    seconds = time.perf_counter() - started
+    model.save(out)
+    model.eval()
+    summary = {
+        "steps": progress["step"],
+        "seconds": seconds,
+        "pairs_per_second": progress["pairs"] / seconds if seconds > 0 and resume_from is None else None,
+        "final": last_metrics,
+        "best": progress["best"],
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def _log(out: Path, record: dict[str, Any]) -> None:
+    _append_jsonl(out / "metrics.jsonl", record)

@@ -1,0 +1,362 @@
+"""Multi-stage training pipelines: a TOML file with ``[[stages]]``, run in order, resumable at stage and step.
+
+A pipeline file::
+
+    model = "all-MiniLM-L6-v2"
+    output = "runs/three-stage"
+    max_seq_length = 128
+    [defaults]                      # TrainConfig fields shared by every stage
+    batch_size = 32
+
+    [[stages]]
+    name = "retrieval"
+    lr = 5e-5
+    steps = 100                     # or: epochs = 1
+    matryoshka_dims = [384, 256, 128, 64]   # optional: every task's loss wrapped by Matryoshka
+      [[stages.tasks]]
+      name = "scifact"
+      data = "scifact:train"        # a built-in data set (see DATASETS) or a file (relative to the TOML)
+      loss = "infonce"
+      weight = 1.0
+      options = { temperature = 0.05 }
+      mine = { method = "bm25", num_negatives = 1 }   # optional: hard negatives mined when the stage starts
+
+Every stage is validated before any training starts (unknown keys or losses, data lacking the columns its loss
+needs, Matryoshka dimensions above the model's); errors name the stage, the task and the field. Stage *k*
+trains in ``<output>/stage-<k>-<name>`` with the trainer's own checkpoints, starts from stage *k-1*'s model, and
+writes ``stage_done.json`` when finished; a rerun skips finished stages and resumes the unfinished one from its
+last checkpoint. Mined data is saved in the stage folder so a resumed stage trains on the same rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embforge.data.tables import DataError, Dataset, read_table
+from embforge.modeling.resolve import DEFAULT_MODEL
+from embforge.training.checkpoints import atomic_dir, write_text_atomic
+from embforge.training.loop import TrainConfig, train
+from embforge.training.run import load_toml
+from embforge.training.tasks import Task
+
+
+class PipelineError(ValueError):
+    """A problem in a pipeline file; the message names the file, stage, task and field."""
+
+
+def _dataset(name: str, split: str) -> Any:
+    """A built-in data set by name (lazily imported loaders)."""
+    if name == "scifact":
+        from embforge.data.builtin.scifact import load_scifact
+
+        return load_scifact(split)  # RetrievalData: training pairs, or mined with qrels
+    if name == "snli-triplets":
+        from embforge.data.builtin.snli_triplets import load_snli_triplets
+
+        return load_snli_triplets(split)
+    if name == "stsb":
+        from embforge.data.builtin.stsb import load_stsb
+
+        return load_stsb(split)
+    if name == "banking77":
+        from embforge.data.builtin.banking77 import load_banking77
+
+        return load_banking77(split)
+    if name == "mrpc":
+        from embforge.data.builtin.mrpc import load_mrpc
+
+        return load_mrpc(split)
+    raise KeyError(name)
+
+
+DATASETS = ("scifact", "snli-triplets", "stsb", "banking77", "mrpc")
+_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit"}
+_TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages"}
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"output", "resume", "max_steps"}
+_STAGE_KEYS = {"name", "tasks", "steps", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
+
+
+@dataclass
+class TaskSpec:
+    """One task of a stage, as written in the file."""
+
+    name: str
+    data: str
+    loss: str
+    weight: float = 1.0
+    options: dict[str, Any] = field(default_factory=dict)
+    columns: str | dict[str, str] | None = None
+    mine: dict[str, Any] | None = None
+    limit: int | None = None
+
+
+@dataclass
+class Stage:
+    """One stage: its tasks, the trainer settings and the Matryoshka dimensions."""
+
+    name: str
+    tasks: list[TaskSpec]
+    config: dict[str, Any]
+    matryoshka_dims: list[int] | None = None
+    matryoshka_weights: list[float] | None = None
+
+
+@dataclass
+class Pipeline:
+    """A parsed pipeline file."""
+
+    stages: list[Stage]
+    model: str = DEFAULT_MODEL
+    output: str = "output"
+    max_seq_length: int | None = None
+    source: str = "pipeline"
+    base_dir: Path = field(default_factory=Path.cwd)
+
+
+def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
+    extra = sorted(keys - allowed)
+    if extra:
+        raise PipelineError(
+            f"{where}: unknown field(s) {', '.join(extra)}; valid: {', '.join(sorted(allowed))}"
+        )
+
+
+def parse_pipeline(
+    values: dict[str, Any], *, source: str = "pipeline", base_dir: Path | None = None
+) -> Pipeline:
+    """Build a :class:`Pipeline` from a TOML dict, checking field names and types (not yet data or model)."""
+    _unknown(set(values), _TOP_KEYS, source)
+    stages_raw = values.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise PipelineError(
+            f"{source}: no [[stages]]; a pipeline needs at least one stage with [[stages.tasks]]"
+        )
+    defaults = dict(values.get("defaults", {}))
+    _unknown(set(defaults), _CONFIG_FIELDS, f"{source}: [defaults]")
+    stages = []
+    for i, raw in enumerate(stages_raw, 1):
+        name = str(raw.get("name", f"stage{i}"))
+        where = f"{source}: stage {i} ({name!r})"
+        _unknown(set(raw), _STAGE_KEYS, where)
+        tasks_raw = raw.get("tasks")
+        if not isinstance(tasks_raw, list) or not tasks_raw:
+            raise PipelineError(f"{where}: field 'tasks' is missing or empty; add [[stages.tasks]] tables")
+        tasks = []
+        for j, t in enumerate(tasks_raw, 1):
+            task_where = f"{where}, task {j} ({t.get('name', '?')!r})"
+            _unknown(set(t), _TASK_KEYS, task_where)
+            for key in ("data", "loss"):
+                if not isinstance(t.get(key), str):
+                    raise PipelineError(f"{task_where}: field {key!r} is required (a string)")
+            tasks.append(TaskSpec(**{"name": t.get("name", f"task{j}"), **t}))
+        config = {**defaults, **{k: v for k, v in raw.items() if k in _CONFIG_FIELDS}}
+        if "steps" in raw:
+            config["max_steps"] = raw["steps"]
+        try:
+            TrainConfig(**config)
+        except (TypeError, ValueError) as err:
+            raise PipelineError(f"{where}: {err}") from None
+        stages.append(Stage(name, tasks, config, raw.get("matryoshka_dims"), raw.get("matryoshka_weights")))
+    return Pipeline(
+        stages,
+        model=values.get("model", DEFAULT_MODEL),
+        output=values.get("output", "output"),
+        max_seq_length=values.get("max_seq_length"),
+        source=source,
+        base_dir=base_dir or Path.cwd(),
+    )
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    """Read and parse a pipeline TOML file (paths inside it are relative to the file)."""
+    path = Path(path)
+    return parse_pipeline(load_toml(path), source=str(path), base_dir=path.resolve().parent)
+
+
+def is_pipeline(values: dict[str, Any]) -> bool:
+    """Whether a TOML dict describes a pipeline (has ``[[stages]]``) rather than a single run."""
+    return "stages" in values
+
+
+def _load_source(spec: TaskSpec, pipeline: Pipeline, where: str) -> Any:
+    """The task's data: a built-in ``name:split`` or a file; a RetrievalData only for built-in retrieval sets."""
+    name, _, split = spec.data.partition(":")
+    if name in DATASETS:
+        try:
+            return _dataset(name, split or "train")
+        except (ValueError, FileNotFoundError) as err:
+            raise PipelineError(f"{where}: field 'data' = {spec.data!r}: {err}") from None
+    path = Path(spec.data)
+    path = path if path.is_absolute() else pipeline.base_dir / path
+    if not path.exists():
+        raise PipelineError(
+            f"{where}: field 'data' = {spec.data!r}: no such file ({path}) and not a built-in data set "
+            f"({', '.join(DATASETS)}, written name:split)"
+        )
+    try:
+        return read_table(path, columns=spec.columns)
+    except DataError as err:
+        raise PipelineError(f"{where}: field 'data': {err}") from None
+
+
+def _as_training_rows(source: Any) -> Dataset:
+    from embforge.data.retrieval import RetrievalData
+
+    if isinstance(source, RetrievalData):
+        from embforge.data.builtin.scifact import training_pairs
+
+        return training_pairs(source)
+    return source
+
+
+def build_stage_tasks(
+    stage: Stage, index: int, pipeline: Pipeline, *, dim: int, model: Any = None, workdir: Path | None = None
+) -> list[Task]:
+    """Load a stage's data and losses, validating each task (and mining if asked, when ``model`` is given)."""
+    from embforge.losses import get_loss
+
+    where_stage = f"{pipeline.source}: stage {index} ({stage.name!r})"
+    if stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
+        raise PipelineError(
+            f"{where_stage}: field 'matryoshka_dims': {max(stage.matryoshka_dims)} is larger than the model's "
+            f"dimension {dim}; use values <= {dim}"
+        )
+    tasks = []
+    for spec in stage.tasks:
+        where = f"{where_stage}, task {spec.name!r}"
+        source = _load_source(spec, pipeline, where)
+        data = _as_training_rows(source)
+        if spec.limit is not None:
+            data = data.subset(list(range(min(spec.limit, len(data)))))
+        labels = data.labels()
+        num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
+        try:
+            loss = get_loss(
+                spec.loss,
+                dim=dim,
+                num_labels=num_labels,
+                matryoshka_dims=stage.matryoshka_dims,
+                matryoshka_weights=stage.matryoshka_weights,
+                **spec.options,
+            )
+        except ValueError as err:
+            raise PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}") from None
+        if spec.mine is not None:
+            data = _mined(spec, source, data, model, workdir, where)
+        task = Task(spec.name, data, loss, weight=spec.weight)
+        try:
+            task.validate()
+        except DataError as err:
+            raise PipelineError(
+                f"{where}: field 'data' = {spec.data!r} does not fit the loss: {err}"
+            ) from None
+        tasks.append(task)
+    return tasks
+
+
+def _mined(
+    spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path | None, where: str
+) -> Dataset:
+    """Hard negatives for a task, mined with the current model at the stage's start (cached in ``workdir``)."""
+    from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
+
+    try:
+        config = MiningConfig(**(spec.mine or {}))
+    except (TypeError, ValueError) as err:
+        raise PipelineError(f"{where}: field 'mine': {err}") from None
+    if model is None or workdir is None:  # validation only: check the rows can be mined
+        data.require(["anchor", "positive"], purpose=f"mining for {where}")
+        return data
+    cached = workdir / f"mined-{spec.name}.jsonl"
+    if cached.exists():
+        return read_table(cached)
+    mined = mine(model, source if spec.limit is None else data, config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(mined, cached.with_suffix(".tmp"))
+    cached.with_suffix(".tmp").replace(cached)
+    return read_table(cached)
+
+
+def stage_dir(pipeline: Pipeline, index: int) -> Path:
+    return Path(pipeline.output) / f"stage-{index}-{pipeline.stages[index - 1].name}"
+
+
+def validate_pipeline(pipeline: Pipeline, *, dim: int) -> None:
+    """Check every stage's tasks (data columns vs loss, loss names and options, Matryoshka dims) up front."""
+    for i, stage in enumerate(pipeline.stages, 1):
+        build_stage_tasks(stage, i, pipeline, dim=dim)
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    *,
+    output: str | None = None,
+    model: Any = None,
+    device: str | None = None,
+    quiet: bool | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """Validate, then run the stages in order, skipping finished ones and resuming an unfinished one.
+
+    Args:
+        pipeline: A parsed pipeline (:func:`load_pipeline`).
+        output: Overrides the file's ``output`` folder.
+        model: An already loaded encoder to train in place (else the file's ``model`` is loaded).
+        device: Overrides every stage's device.
+        quiet: Overrides every stage's progress-bar setting.
+        on_step: Called with ``(stage number, step)`` after every optimiser step.
+        resume: Skip finished stages and resume the unfinished one from its last checkpoint; with ``False`` an
+            output folder that already holds stages is an error (nothing is overwritten).
+
+    Returns:
+        ``{"output", "final", "stages": [per-stage training summaries]}``; the final model is saved in
+        ``<output>/final``.
+    """
+    from embforge.encoder import Encoder
+
+    if output is not None:
+        pipeline = dataclasses.replace(pipeline, output=output)
+    if model is None:
+        model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
+    validate_pipeline(pipeline, dim=model.dim)  # before any training
+    out = Path(pipeline.output)
+    started = [stage_dir(pipeline, i) for i in range(1, len(pipeline.stages) + 1)]
+    if not resume and any(folder.exists() for folder in started):
+        raise PipelineError(
+            f"{pipeline.source}: output {str(out)!r} already holds pipeline stages; pass --resume to continue "
+            "them or choose another --output"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: list[dict[str, Any]] = []
+    loaded_from: Path | None = None
+    for i, stage in enumerate(pipeline.stages, 1):
+        folder = stage_dir(pipeline, i)
+        done = folder / "stage_done.json"
+        if done.exists():
+            summaries.append(json.loads(done.read_text()))
+            loaded_from = folder
+            continue
+        if loaded_from is not None:  # resuming: start from the last finished stage's model
+            model.load_state_dict(Encoder.load(loaded_from).state_dict())
+            loaded_from = None
+        tasks = build_stage_tasks(stage, i, pipeline, dim=model.dim, model=model, workdir=folder)
+        settings = {**stage.config, "output": str(folder), "resume": True}
+        if device is not None:
+            settings["device"] = device
+        if quiet is not None:
+            settings["quiet"] = quiet
+        step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))
+        summary = train(model, tasks, TrainConfig(**settings), on_step=step_hook)
+        summary = {"stage": i, "name": stage.name, **summary}
+        write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
+        summaries.append(summary)
+    if loaded_from is not None:  # every stage was already done
+        model.load_state_dict(Encoder.load(loaded_from).state_dict())
+    atomic_dir(out / "final", model.save)
+    return {"output": str(out), "final": str(out / "final"), "stages": summaries}
