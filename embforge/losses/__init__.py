@@ -8,6 +8,7 @@ from typing import Any
 from embforge.losses.base import EmbeddingLoss
 from embforge.losses.classification import ClusterLoss, PrototypeLoss, SupConLoss
 from embforge.losses.cosent import CoSENTLoss, cosent
+from embforge.losses.distill import KLDistillLoss, MarginMSEDistillLoss, MSEDistillLoss
 from embforge.losses.infonce import InfoNCELoss, SimCSELoss
 from embforge.losses.margin import ContrastiveLoss, TripletLoss
 from embforge.losses.matryoshka import MatryoshkaLoss
@@ -25,6 +26,9 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
     "prototype": PrototypeLoss,
     "cluster": ClusterLoss,
     "supcon": SupConLoss,
+    "mse_distill": MSEDistillLoss,
+    "margin_mse": MarginMSEDistillLoss,
+    "kl_distill": KLDistillLoss,
 }
 
 __all__ = [
@@ -35,6 +39,9 @@ __all__ = [
     "CosineMSELoss",
     "EmbeddingLoss",
     "InfoNCELoss",
+    "KLDistillLoss",
+    "MSEDistillLoss",
+    "MarginMSEDistillLoss",
     "MatryoshkaLoss",
     "PrototypeLoss",
     "SimCSELoss",
@@ -59,7 +66,7 @@ def get_loss(
 
     Args:
         name: One of :data:`LOSSES` (``infonce``, ``simcse``, ``cosent``, ``mse``, ``softmax``,
-            ``contrastive``, ``triplet``).
+            ``contrastive``, ``triplet``, ``mse_distill``, ``margin_mse``, ``kl_distill``).
         dim: Embedding size (needed by ``softmax``).
         num_labels: Number of classes (needed by ``softmax``).
         matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.

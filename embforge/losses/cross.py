@@ -9,6 +9,10 @@ name           data                                  formula
 ``mse``        two texts + score                     ``mean((f - y)²)``
 ``listwise``   query + positive [+ negatives]        InfoNCE over each query's candidates (in-batch if no
                                                      negatives): ``-log softmax(s · f)[positive]``
+``margin_mse`` query, positive, negatives + teacher  ``mean(((f_p - f_{n_j}) - (T_p - T_{n_j}))²)``
+               scores ``(n, 1+k)`` or margins        (:func:`embforge.losses.distill.margin_mse`)
+``kl_distill`` query + candidates + teacher scores   ``τ_s² · KL(softmax(T/τ_t) ‖ softmax(f/τ_s))`` per query
+               ``(n, m)``                            (:func:`embforge.losses.distill.kl_distill`)
 =============  ====================================  =============================================================
 
 Every loss sees tensors only: the trainer scores the pairs with the model and passes the logits. They carry the
@@ -32,7 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from embforge.losses.base import check_temperature
 from embforge.losses.cosent import cosent
+from embforge.losses.distill import kl_distill, margin_mse
 
 
 class CrossLoss(nn.Module):
@@ -191,17 +197,75 @@ class ListwiseLoss(CrossLoss):
         return F.cross_entropy(self.scale * logits.float(), target.long().to(logits.device))
 
 
+class CrossMarginMSELoss(CrossLoss):
+    """Distillation: the logit margin ``f(q,p) - f(q,n_j)`` regresses the teacher's margin (``margin_mse``).
+
+    Columns: ``anchor, positive, negative_1..k``; labels: teacher scores ``[T(q,p), T(q,n_1), …]`` or margins
+    ``T(q,p) - T(q,n_j)`` (one per negative). The trainer scores each query with its candidate columns and passes
+    ``(queries, 1+k)`` logits. Same as sentence-transformers' cross-encoder ``MarginMSELoss`` (identity activation).
+    """
+
+    name = "margin_mse"
+    min_texts = 3
+    max_texts = None
+    grouped = True
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        logits = logits.float()
+        return margin_mse(logits[:, 0], logits[:, 1:], labels)
+
+
+class CrossKLDistillLoss(CrossLoss):
+    """Distillation: KL from the teacher's to the cross-encoder's softmax over each query's candidates.
+
+    Columns: ``anchor`` + candidate columns; labels: teacher scores ``(queries, candidates)``. ``τ_s²`` rescales
+    the loss (:func:`embforge.losses.distill.kl_distill`).
+    """
+
+    name = "kl_distill"
+    min_texts = 3
+    max_texts = None
+    grouped = True
+
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        student_temperature: float | None = None,
+        teacher_temperature: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.student_temperature = check_temperature(
+            temperature if student_temperature is None else student_temperature
+        )
+        self.teacher_temperature = check_temperature(
+            temperature if teacher_temperature is None else teacher_temperature
+        )
+
+    def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        return kl_distill(
+            logits.float(),
+            labels.float().reshape(logits.shape),
+            student_temperature=self.student_temperature,
+            teacher_temperature=self.teacher_temperature,
+        )
+
+
 CROSS_LOSSES: dict[str, type[CrossLoss]] = {
     "bce": BCELoss,
     "ce": SoftmaxCELoss,
     "cosent": CrossCoSENTLoss,
     "mse": MSELoss,
     "listwise": ListwiseLoss,
+    "margin_mse": CrossMarginMSELoss,
+    "kl_distill": CrossKLDistillLoss,
 }
 
 
 def get_cross_loss(name: str, **options: Any) -> CrossLoss:
-    """Build a cross-encoder loss by name (``bce``, ``ce``, ``cosent``, ``mse``, ``listwise``).
+    """Build a cross-encoder loss by name (``bce``, ``ce``, ``cosent``, ``mse``, ``listwise``, ``margin_mse``,
+    ``kl_distill``).
 
     Args:
         name: The loss name.
