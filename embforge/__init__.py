@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Encoder": "embforge.encoder",
     "CrossEncoder": "embforge.cross_encoder",
-    "TrainConfig": "embforge.training.loop",
+    "TrainConfig": "embforge.training.config",
     "Task": "embforge.training.tasks",
     "train": "embforge.training.loop",
     "read_table": "embforge.data.tables",
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from embforge.data.tables import read_table
     from embforge.encoder import Encoder
     from embforge.losses import get_loss
-    from embforge.training.loop import TrainConfig, train
+    from embforge.training.config import TrainConfig
+    from embforge.training.loop import train
     from embforge.training.tasks import Task
 
 __all__ = ["Encoder", "Task", "TrainConfig", "__version__", "get_loss", "read_table", "train"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
+from embforge.modeling.dropout import text_keys
+from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.packing import pack, packed_logits, supports_packed_classifier
-from embforge.modeling.padding import sort_by_length, token_budget_chunks
-from embforge.modeling.resolve import resolve_model_path
+from embforge.modeling.padding import (
+    in_length_chunks,
+    set_backbone_checkpointing,
+    sort_by_length,
+    token_budget_chunks,
+)
+from embforge.modeling.resolve import hf_quiet, resolve_model_path
+from embforge.progress import progress_bar, progress_enabled
 
 # activation applied by predict() -> sentence-transformers' name for it
 _ACTIVATIONS = {
@@ -53,7 +59,8 @@ class CrossEncoder(nn.Module):
     """A cross-encoder (reranker): a pair of texts in, ``num_labels`` logits out.
 
     Example:
-        >>> ce = CrossEncoder.load("all-MiniLM-L6-v2")  # doctest: +SKIP  (new, untrained head)
+        >>> ce = CrossEncoder.load("all-MiniLM-L6-v2")  # doctest: +SKIP
+        >>> # a bi-encoder checkpoint: the head is new and untrained
         >>> ce.predict([("what is a cat", "a cat is a small feline")]).shape  # doctest: +SKIP
         (1,)
     """
@@ -65,6 +72,7 @@ class CrossEncoder(nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
+        self.checkpointing = False
         if activation is None:
             activation = "sigmoid" if self.num_labels == 1 else "identity"
         if activation not in _ACTIVATIONS:
@@ -102,11 +110,58 @@ class CrossEncoder(nn.Module):
         return [(ids, None if types is None else types[i]) for i, ids in enumerate(out["input_ids"])]
 
     def forward(
+        self,
+        items: Sequence[PairIds] | Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        max_tokens: int = 4096,
+        dropout_seed: int | None = None,
+        places: Sequence[int] | None = None,
+    ) -> Tensor:
+        """Logits ``(n, num_labels)`` in float32, in the input order.
+
+        Two input forms: tokenised pairs (the training forward: padding-free for BERT backbones, else
+        length-sorted padded chunks of at most ``max_tokens`` tokens; dropout keyed by ``dropout_seed`` and each
+        pair's place in the batch, see :meth:`embforge.encoder.Encoder.forward`), or one padded batch
+        (``input_ids``, ``attention_mask``, ``token_type_ids``).
+        """
+        if isinstance(items, Tensor):
+            assert attention_mask is not None, "a padded id tensor needs its attention_mask"
+            return self._padded_forward(items, attention_mask, token_type_ids)
+        if self.training and dropout_seed is None:
+            dropout_seed = int(torch.randint(0, 2**62, ()).item())
+        where = list(range(len(items))) if places is None else list(places)
+        # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
+        if supports_packed_classifier(self.model) and not uses_adapters(self.model):  # padding-free
+            keys = text_keys(dropout_seed, where) if self.training and dropout_seed is not None else None
+            batch = pack(
+                [ids for ids, _ in items],
+                max_tokens=max_tokens,
+                token_type_ids=[types for _, types in items],
+                keys=keys,
+                device=self.device,
+            )
+            return packed_logits(self.model, batch, checkpoint_layers=self.checkpointing).float()[batch.inverse]
+        return in_length_chunks(
+            items,
+            max_tokens,
+            lambda chunk: self._padded_forward(*self.pad(chunk)),
+            lengths=[len(ids) for ids, _ in items],
+            seed=dropout_seed if self.training else None,
+            places=where,
+        )
+
+    def _padded_forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
     ) -> Tensor:
-        """Logits ``(batch, num_labels)`` of one padded batch, in float32."""
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits.float()
+
+    def gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute layers in the backward pass (see :meth:`embforge.encoder.Encoder.gradient_checkpointing`)."""
+        self.checkpointing = enabled
+        set_backbone_checkpointing(self.model, enabled)
 
     def pad(self, items: Sequence[PairIds]) -> tuple[Tensor, Tensor, Tensor | None]:
         """Right-pad pairs to the longest one: ``(input_ids, attention_mask, token_type_ids or None)``."""
@@ -124,32 +179,8 @@ class CrossEncoder(nn.Module):
         return input_ids.to(device), mask.to(device), None if types is None else types.to(device)
 
     def score_ids(self, items: Sequence[PairIds], *, max_tokens: int = 4096) -> Tensor:
-        """Logits ``(n, num_labels)`` of many tokenised pairs with gradients, in the input order.
-
-        Pairs are sorted by length and cut into chunks of at most ``max_tokens`` padded tokens: each pair's
-        logits are what one big padded forward would give, with less padding work.
-        """
-        if supports_packed_classifier(self.model):  # padding-free BERT forward (embforge/packing.py)
-            batch = pack(
-                [ids for ids, _ in items],
-                max_tokens=max_tokens,
-                token_type_ids=[types for _, types in items],
-                device=self.device,
-            )
-            return packed_logits(self.model, batch).float()[batch.inverse]
-        order = sort_by_length([ids for ids, _ in items])
-        parts = [
-            self(*self.pad([items[order[i]] for i in chunk]))
-            for chunk in token_budget_chunks([len(items[i][0]) for i in order], max_tokens)
-        ]
-        logits = torch.cat(parts)
-        inverse = torch.empty(len(order), dtype=torch.long, device=logits.device)
-        inverse[torch.as_tensor(order, device=logits.device)] = torch.arange(len(order), device=logits.device)
-        return logits[inverse]
-
-    def prepare_task(self, task: Any) -> Any:
-        """Tokenise a training task once (see :mod:`embforge.training.tasks` and :mod:`embforge.losses.cross`)."""
-        return PreparedCrossTask(task, self)
+        """Logits ``(n, num_labels)`` of many tokenised pairs with gradients (``self(items, max_tokens=...)``)."""
+        return self(items, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------ inference
     @torch.inference_mode()
@@ -172,7 +203,8 @@ class CrossEncoder(nn.Module):
                 CPU, 512-token chunks measured 2x slower than batches of 32 for all-MiniLM-L6-v2 on MRPC).
             activation: Apply the model's activation (sigmoid for one label) like sentence-transformers does;
                 ``False`` returns raw logits.
-            show_progress: Progress bar; ``None`` shows it for long inputs on a terminal.
+            show_progress: Progress bar; ``None``: the command's setting (``embforge`` verbs show it unless
+                ``--quiet``), else shown for long inputs on a terminal (:mod:`embforge.progress`).
 
         Returns:
             ``(n,)`` float32 scores for one label, ``(n, num_labels)`` otherwise (a scalar / ``(num_labels,)``
@@ -194,10 +226,9 @@ class CrossEncoder(nn.Module):
             ]
         else:
             chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-        if show_progress is None:
-            show_progress = len(chunks) > 20 and sys.stderr.isatty()
+        enabled = progress_enabled(show_progress, steps=len(chunks))
         out = torch.empty((len(items), self.num_labels), dtype=torch.float32)
-        for rows in tqdm(chunks, disable=not show_progress, desc="predict"):
+        for rows in progress_bar(chunks, desc="predict", unit="batch", enabled=enabled):
             out[rows] = self.score_ids([items[i] for i in rows]).cpu()  # padding-free for BERT backbones
         self.train(was_training)
         if activation:
@@ -277,6 +308,8 @@ class CrossEncoder(nn.Module):
             max_seq_length = saved.get("max_seq_length") or min(
                 512, int(getattr(tokenizer, "model_max_length", 512) or 512)
             )
+        if has_adapter(root) and is_cross_encoder_folder(root):  # LoRA: base + adapter/ (modeling/lora.py)
+            model = load_adapter(model, root)
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
         if device is not None:
             ce.to(device)
@@ -289,7 +322,8 @@ class CrossEncoder(nn.Module):
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         self.model.config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}
-        self.model.save_pretrained(root, safe_serialization=True)
+        with hf_quiet():  # no "Writing model shards" bar for a one-file model
+            save_backbone(self.model, root)  # with adapters: base weights + adapter/ (modeling/lora.py)
         self.tokenizer.model_max_length = (
             self.max_seq_length
         )  # sentence-transformers truncates pairs at this length
@@ -300,52 +334,7 @@ class CrossEncoder(nn.Module):
             "max_seq_length": self.max_seq_length,
             "prompts": {},
             "default_prompt_name": None,
+            **adapter_note(self.model),
             "__version__": {"embforge": _version()},
         }
         (root / "config_sentence_transformers.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
-class PreparedCrossTask:
-    """A cross-encoder task tokenised once: the pairs ``(first text, other text)`` of every row, and the labels.
-
-    Pointwise losses score ``(sentence1, sentence2)``; grouped losses (``listwise``) score the query with each
-    candidate column (or, with a single candidate column, with every positive of the batch).
-    """
-
-    def __init__(self, task: Any, model: CrossEncoder) -> None:
-        task.validate()
-        if not getattr(task.loss, "scores_in", False):
-            raise ValueError(
-                f"task {task.name!r}: loss {task.loss.name!r} is a bi-encoder loss; a cross-encoder needs one of "
-                "bce, ce, cosent, mse, listwise"
-            )
-        self.task = task
-        self.grouped = bool(task.loss.grouped)
-        columns = task.data.text_columns
-        self.first = task.data.columns[columns[0]]
-        self.others = [task.data.columns[c] for c in columns[1:]]
-        self.in_batch = self.grouped and len(self.others) == 1
-        self.ids = [model.tokenize_ids(self.first, other) for other in self.others]
-        labels = task.data.labels()
-        self.labels = (
-            None if labels is None or self.grouped else torch.as_tensor(task.loss.prepare_labels(labels))
-        )
-        self.lengths = [sum(len(col[r][0]) for col in self.ids) for r in range(len(task.data))]
-
-    def loss(self, model: CrossEncoder, rows: tuple[int, ...], chunk_tokens: int) -> Tensor:
-        if self.in_batch:
-            queries = [self.first[r] for r in rows]
-            positives = [self.others[0][r] for r in rows]
-            items = model.tokenize_ids(
-                [q for q in queries for _ in positives], [p for _ in queries for p in positives]
-            )
-            scores = model.score_ids(items, max_tokens=chunk_tokens)[:, 0].view(len(rows), len(rows))
-            target = torch.arange(len(rows), device=scores.device)
-            return self.task.loss(scores, target)
-        if self.grouped:
-            items = [col[r] for r in rows for col in self.ids]
-            scores = model.score_ids(items, max_tokens=chunk_tokens)[:, 0].view(len(rows), len(self.ids))
-            return self.task.loss(scores, None)
-        logits = model.score_ids([self.ids[0][r] for r in rows], max_tokens=chunk_tokens)
-        labels = None if self.labels is None else self.labels[list(rows)].to(logits.device)
-        return self.task.loss(logits, labels)

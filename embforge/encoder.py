@@ -1,15 +1,14 @@
 """Encoder: a Hugging Face backbone + pooling + optional L2 normalisation + prompts.
 
-The on-disk layout is sentence-transformers' (``modules.json``, ``1_Pooling/``, ``2_Normalize/``), so a folder
-saved here loads in sentence-transformers and a sentence-transformers folder loads here.
+The on-disk layout is sentence-transformers' (``modules.json``, ``1_Pooling/``, optional ``2_Dense/``,
+``2_Normalize/``), so a folder saved here loads in sentence-transformers and a sentence-transformers folder loads here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -17,13 +16,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
+from embforge.modeling.decoder import backbone_hidden, eos_to_append, is_decoder_backbone
+from embforge.modeling.decoder_packing import packed_decoder_hidden, supports_decoder_packing
+from embforge.modeling.dense import ST_DENSE, Dense
+from embforge.modeling.dropout import mix, text_keys
+from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
-from embforge.modeling.padding import pad_ids, sort_by_length, token_budget_chunks
+from embforge.modeling.padding import in_length_chunks, pad_ids, set_backbone_checkpointing, sort_by_length
 from embforge.modeling.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
-from embforge.modeling.resolve import load_backbone, resolve_model_path
+from embforge.modeling.resolve import hf_quiet, load_backbone, resolve_model_path
 from embforge.modeling.tokenizing import PromptTokenizing
+from embforge.progress import progress_bar, progress_enabled
 
 if TYPE_CHECKING:
     from embforge.modeling.onnx_runtime import OnnxEncoder
@@ -52,6 +56,7 @@ class Encoder(PromptTokenizing, nn.Module):
         max_seq_length: int = 256,
         prompts: dict[str, str] | None = None,
         default_prompt_name: str | None = None,
+        dense: Dense | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLING_MODES:
@@ -63,6 +68,10 @@ class Encoder(PromptTokenizing, nn.Module):
         self.max_seq_length = max_seq_length
         self.prompts = dict(prompts or {})
         self.default_prompt_name = default_prompt_name
+        # decoder (LLM) embedders pool the last token: every text ends with an end-of-text token (modeling/decoder.py)
+        self.append_token_id = eos_to_append(tokenizer) if is_decoder_backbone(backbone) else None
+        self.dense = dense  # a projection after pooling (sentence-transformers' Dense), e.g. for mse_distill
+        self.checkpointing = False
 
     # ------------------------------------------------------------------ properties
     @property
@@ -70,47 +79,88 @@ class Encoder(PromptTokenizing, nn.Module):
         return next(self.parameters()).device
 
     @property
-    def dim(self) -> int:
-        return int(self.backbone.config.hidden_size)
+    def padding_side(self) -> str:
+        """The tokenizer's padding side (Qwen3-Embedding's is ``left``); positions and pooling handle both."""
+        return "left" if getattr(self.tokenizer, "padding_side", "right") == "left" else "right"
 
-    # ------------------------------------------------------------------ tokenisation and forward
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Embed one padded batch: ``(batch, seq)`` ids and mask -> ``(batch, dim)`` float embeddings."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        emb = pool(hidden, attention_mask, self.pooling).float()
+    @property
+    def dim(self) -> int:
+        return int(self.dense.out_features) if self.dense is not None else int(self.backbone.config.hidden_size)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        ids: Sequence[Sequence[int]] | Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        max_tokens: int = 4096,
+        dropout_seed: int | None = None,
+        places: Sequence[int] | None = None,
+    ) -> Tensor:
+        """Embed texts: ``(n, dim)`` float embeddings, in the input order.
+
+        Two input forms:
+
+        - ``ids``: token-id lists (the training forward). BERT-family backbones run padding-free
+          (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded attention block), others in
+          length-sorted padded chunks of at most ``max_tokens`` tokens. Either way each text's embedding is what
+          one padded forward would give. In training mode dropout is keyed by ``dropout_seed`` and each text's
+          place in the whole batch (``places``, default ``0..n-1``; :mod:`embforge.modeling.dropout`), so the
+          result does not depend on how the batch is cut; ``dropout_seed=None`` draws one from torch's generator.
+        - a padded ``(batch, seq)`` id tensor and its ``attention_mask`` (inference and ONNX export).
+        """
+        if isinstance(ids, Tensor):
+            assert attention_mask is not None, "a padded id tensor needs its attention_mask"
+            return self._padded_forward(ids, attention_mask)
+        if self.training and dropout_seed is None:
+            dropout_seed = int(torch.randint(0, 2**62, ()).item())
+        where = list(range(len(ids))) if places is None else list(places)
+        if supports_decoder_packing(self.backbone):  # Qwen/Llama/Mistral: packed causal (decoder_packing.py)
+            batch = pack(ids, max_tokens=max_tokens, device=self.device)
+            last_only = self.pooling == "lasttoken"
+            seed = mix(dropout_seed, where[0]) if self.training and dropout_seed is not None else None
+            hidden = packed_decoder_hidden(self.backbone, batch, last_tokens_only=last_only, seed=seed)
+            emb = (hidden if last_only else pool_packed(hidden, batch, self.pooling)).float()
+            return self._head(emb)[batch.inverse]
+        # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
+        if supports_packing(self.backbone) and not uses_adapters(self.backbone):  # padding-free (packing.py)
+            keys = text_keys(dropout_seed, where) if self.training and dropout_seed is not None else None
+            batch = pack(ids, max_tokens=max_tokens, keys=keys, device=self.device)
+            first_only = self.pooling == "cls"  # the last layer then skips what CLS pooling never reads
+            hidden = packed_hidden(
+                self.backbone, batch, first_tokens_only=first_only, checkpoint_layers=self.checkpointing
+            )
+            emb = (hidden if first_only else pool_packed(hidden, batch, self.pooling)).float()
+            return self._head(emb)[batch.inverse]
+        return in_length_chunks(
+            ids,
+            max_tokens,
+            lambda chunk: self._padded_forward(
+                *pad_ids(chunk, self.pad_token_id, device=self.device, side=self.padding_side)
+            ),
+            seed=dropout_seed if self.training else None,
+            places=where,
+        )
+
+    def _padded_forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = backbone_hidden(self.backbone, input_ids, attention_mask)  # decoders: real-token positions
+        return self._head(pool(hidden, attention_mask, self.pooling).float())
+
+    def _head(self, pooled: Tensor) -> Tensor:
+        """What follows pooling: the optional Dense projection, then the optional L2 normalisation."""
+        emb = self.dense(pooled) if self.dense is not None else pooled
         return F.normalize(emb, p=2, dim=-1) if self.normalize else emb
 
     def embed_ids(self, ids: Sequence[list[int]], *, max_tokens: int = 4096) -> Tensor:
-        """Embed many tokenised texts with gradients, in the input order.
+        """Embed many tokenised texts with gradients, in the input order (``self(ids, max_tokens=...)``)."""
+        return self(ids, max_tokens=max_tokens)
 
-        BERT-family backbones run padding-free (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded
-        attention block). Others sort texts by length and forward chunks of at most ``max_tokens`` padded tokens.
-        Either way each text's embedding is what a single padded forward would give (attention never crosses
-        texts); only padding work is saved.
-        """
-        if supports_packing(self.backbone):  # padding-free: same values, less work (embforge/packing.py)
-            batch = pack(ids, max_tokens=max_tokens, device=self.device)
-            first_only = self.pooling == "cls"  # the last layer then skips what CLS pooling never reads
-            hidden = packed_hidden(self.backbone, batch, first_tokens_only=first_only)
-            emb = (hidden if first_only else pool_packed(hidden, batch, self.pooling)).float()
-            emb = F.normalize(emb, p=2, dim=-1) if self.normalize else emb
-            return emb[batch.inverse]
-        order = sort_by_length(ids)
-        pad_id = self.pad_token_id
-        parts = []
-        for chunk in token_budget_chunks([len(ids[i]) for i in order], max_tokens):
-            batch_ids, mask = pad_ids([ids[order[i]] for i in chunk], pad_id, device=self.device)
-            parts.append(self(batch_ids, mask))
-        emb = torch.cat(parts)
-        inverse = torch.empty(len(order), dtype=torch.long, device=emb.device)
-        inverse[torch.as_tensor(order, device=emb.device)] = torch.arange(len(order), device=emb.device)
-        return emb[inverse]
-
-    def prepare_task(self, task: Any) -> Any:
-        """Tokenise a training task once (see :mod:`embforge.training.tasks`)."""
-        from embforge.training.tasks import PreparedEmbeddingTask
-
-        return PreparedEmbeddingTask(task, self)
+    def gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each layer in the backward pass instead of keeping its activations (less memory, ~1/3 more
+        compute): the padding-free forward checkpoints its layers, the Hugging Face forward uses the backbone's
+        own ``gradient_checkpointing_enable``."""
+        self.checkpointing = enabled
+        set_backbone_checkpointing(self.backbone, enabled)
 
     # ------------------------------------------------------------------ inference
     @torch.inference_mode()
@@ -124,6 +174,7 @@ class Encoder(PromptTokenizing, nn.Module):
         prompt: str | None = None,
         prompt_name: str | None = None,
         show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """Embed texts for inference.
 
@@ -134,7 +185,9 @@ class Encoder(PromptTokenizing, nn.Module):
             dim: Keep only the first ``dim`` dimensions (Matryoshka); re-normalised when normalising.
             prompt: A literal prefix for every text (overrides ``prompt_name``).
             prompt_name: The name of one of the model's prompts (e.g. ``"query"``).
-            show_progress: Progress bar; ``None`` shows it for long inputs on a terminal.
+            show_progress: Progress bar; ``None``: the command's setting (``embforge`` verbs show it unless
+                ``--quiet``), else shown for long inputs on a terminal (:mod:`embforge.progress`).
+            on_batch: Called with the number of texts of each batch once it is embedded (a caller's own bar).
 
         Returns:
             ``(n, dim)`` float32 array (or ``(dim,)`` for a single string).
@@ -148,13 +201,19 @@ class Encoder(PromptTokenizing, nn.Module):
         ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
         order = sort_by_length(ids)
         n_batches = (len(ids) + batch_size - 1) // batch_size
-        if show_progress is None:
-            show_progress = n_batches > 20 and sys.stderr.isatty()
+        enabled = progress_enabled(show_progress, steps=n_batches)
+        bar = progress_bar(total=len(ids), desc="encode", unit="text", enabled=enabled)
         out = torch.empty((len(ids), self.dim), dtype=torch.float32)
-        for start in tqdm(range(0, len(ids), batch_size), disable=not show_progress, desc="encode"):
+        for start in range(0, len(ids), batch_size):
             rows = order[start : start + batch_size]
-            batch_ids, mask = pad_ids([ids[i] for i in rows], self.pad_token_id, device=self.device)
-            out[rows] = self(batch_ids, mask).float().cpu()
+            batch_ids, mask = pad_ids(
+                [ids[i] for i in rows], self.pad_token_id, device=self.device, side=self.padding_side
+            )
+            out[rows] = self._padded_forward(batch_ids, mask).float().cpu()
+            bar.update(len(rows))
+            if on_batch is not None:
+                on_batch(len(rows))
+        bar.close()
         self.train(was_training)
         do_norm = self.normalize if normalize is None else normalize
         if dim is not None:
@@ -221,6 +280,10 @@ class Encoder(PromptTokenizing, nn.Module):
         root = resolve_model_path(path)
         settings = read_st_settings(root)
         backbone, tokenizer = load_backbone(root / settings.pop("transformer_path"))
+        if has_adapter(root):  # LoRA: base weights in the folder, the adapter in adapter/ (modeling/lora.py)
+            backbone = load_adapter(backbone, root)
+        if not (root / "modules.json").exists() and is_decoder_backbone(backbone):
+            settings["pooling"] = "lasttoken"  # a plain HF decoder folder: its last token sees the whole text
         if pooling is not None:
             settings["pooling"] = pooling
         if normalize is not None:
@@ -238,22 +301,27 @@ class Encoder(PromptTokenizing, nn.Module):
         """Write safetensors weights, tokenizer and sentence-transformers configs to ``path``."""
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(root, safe_serialization=True)
+        with hf_quiet():  # no "Writing model shards" bar for a one-file model
+            save_backbone(self.backbone, root)  # with adapters: base weights + adapter/ (lora.py)
         self.tokenizer.save_pretrained(root)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST_POOLING},
         ]
+        if self.dense is not None:
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": ST_DENSE})
+            self.dense.save(root / "2_Dense")
         if self.normalize:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": ST_NORMALIZE})
-            (root / "2_Normalize").mkdir(exist_ok=True)
+            n = len(modules)
+            modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize", "type": ST_NORMALIZE})
+            (root / f"{n}_Normalize").mkdir(exist_ok=True)
         _write_json(root / "modules.json", modules)
         _write_json(
             root / "sentence_bert_config.json",
             {"max_seq_length": self.max_seq_length, "do_lower_case": False},
         )
         (root / "1_Pooling").mkdir(exist_ok=True)
-        _write_json(root / "1_Pooling" / "config.json", st_config_for_mode(self.pooling, self.dim))
+        _write_json(root / "1_Pooling" / "config.json", st_config_for_mode(self.pooling, self.backbone.config.hidden_size))
         _write_json(
             root / "config_sentence_transformers.json",
             {
@@ -261,6 +329,7 @@ class Encoder(PromptTokenizing, nn.Module):
                 "prompts": self.prompts,
                 "default_prompt_name": self.default_prompt_name,
                 "similarity_fn_name": "cosine",
+                **adapter_note(self.backbone),
                 "__version__": {"embforge": _version()},
             },
         )
@@ -288,10 +357,12 @@ def read_st_settings(root: Path) -> dict:
             settings["pooling"] = mode_from_st_config(json.loads((sub / "config.json").read_text()))
         elif kind == "Normalize":
             settings["normalize"] = True
+        elif kind == "Dense" and "dense" not in settings and not settings["normalize"]:
+            settings["dense"] = Dense.load(sub)
         else:
             raise ValueError(
                 f"{modules_file}: module type {module['type']!r} is not supported by embforge "
-                "(supported: Transformer, Pooling, Normalize)"
+                "(supported: Transformer, Pooling, one Dense before Normalize, Normalize)"
             )
     st_config = root / "config_sentence_transformers.json"
     if st_config.exists():

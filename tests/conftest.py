@@ -109,6 +109,34 @@ def make_bert(vocab_size: int, seed: int = 0):
     return BertModel(config)
 
 
+def make_cross_encoder(num_labels: int = 1, seed: int = 0):
+    """A tiny random BERT cross-encoder whose head gives spread-out scores."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from embforge.cross_encoder import CrossEncoder
+
+    tokenizer = make_tokenizer()
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=num_labels,
+        initializer_range=0.3,  # larger than BERT's 0.02 so that random pairs get clearly different scores
+    )
+    model = BertForSequenceClassification(config)
+    return CrossEncoder(model, tokenizer, max_seq_length=64)
+
+
+@pytest.fixture
+def tiny_cross_encoder():
+    """A tiny random BERT cross-encoder (one logit) with spread-out scores."""
+    return make_cross_encoder()
+
+
 @pytest.fixture
 def tiny_encoder():
     from embforge.encoder import Encoder

@@ -11,9 +11,11 @@ import torch
 from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
 from embforge.data.tables import Dataset
 from embforge.losses.cross import get_cross_loss
-from embforge.training.loop import TrainConfig, train
-from embforge.training.tasks import Task
-from tests.test_cross_losses import PAIRS, make_cross_encoder
+from embforge.training.config import TrainConfig
+from embforge.training.loop import train
+from embforge.training.tasks import Task, prepare
+from tests.conftest import make_cross_encoder
+from tests.test_cross_losses import PAIRS
 
 
 def test_saved_folder_loads_in_sentence_transformers_with_equal_scores(tmp_path):
@@ -132,8 +134,9 @@ def test_listwise_with_in_batch_negatives_gets_gradients(tmp_path):
         {"anchor": [a for a, _ in PAIRS], "positive": [b for _, b in PAIRS]},
         list(range(1, len(PAIRS) + 1)),
     )
-    prepared = ce.prepare_task(Task("qa", data, get_cross_loss("listwise")))
-    loss = prepared.loss(ce, (0, 1, 2), 512)
+    prepared = prepare(Task("qa", data, get_cross_loss("listwise")), ce)
+    rows = (0, 1, 2)
+    loss = prepared.loss_fn(ce(prepared.inputs(rows), max_tokens=512), prepared.labels(rows))
     loss.backward()
     assert loss.item() > 0
     assert ce.model.classifier.weight.grad is not None
@@ -143,7 +146,7 @@ def test_a_bi_encoder_loss_is_refused_with_advice(tmp_path):
     from embforge.losses import get_loss
 
     with pytest.raises(ValueError, match="bi-encoder loss"):
-        make_cross_encoder().prepare_task(Task("pairs", _pairs_data(tmp_path), get_loss("cosent")))
+        prepare(Task("pairs", _pairs_data(tmp_path), get_loss("cosent")), make_cross_encoder())
 
 
 def test_score_ids_keeps_gradients_and_order():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from embforge.losses.cross import CROSS_LOSSES, get_cross_loss
-from tests.conftest import make_tokenizer
+from tests.conftest import make_cross_encoder
 
 PAIRS = [
     ("a man plays the guitar", "a man is playing guitar"),
@@ -18,28 +18,6 @@ PAIRS = [
     ("the sun in the sky", "rain on the river"),
     ("a child reads a book", "a child is reading"),
 ]
-
-
-def make_cross_encoder(num_labels: int = 1, seed: int = 0):
-    """A tiny random BERT cross-encoder whose head gives spread-out scores."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from embforge.cross_encoder import CrossEncoder
-
-    tokenizer = make_tokenizer()
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=num_labels,
-        initializer_range=0.3,  # larger than BERT's 0.02 so that random pairs get clearly different scores
-    )
-    model = BertForSequenceClassification(config)
-    return CrossEncoder(model, tokenizer, max_seq_length=64)
 
 
 def test_cosent_on_scores_matches_the_formula_by_hand():

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import Dataset
 from embforge.retrieval.mining import MiningConfig, mine, mine_positions, write_jsonl
-from tests.test_cross_losses import make_cross_encoder
+from tests.conftest import make_cross_encoder
 
 pytest.importorskip("bm25s")
 

@@ -14,7 +14,8 @@ from embforge.modeling.packing import (
 )
 from embforge.modeling.padding import pad_ids
 from embforge.modeling.pooling import pool
-from tests.test_cross_losses import PAIRS, make_cross_encoder
+from tests.conftest import make_cross_encoder
+from tests.test_cross_losses import PAIRS
 
 TEXTS = [
     "the cat sat on the mat",
@@ -153,19 +154,34 @@ def test_other_architectures_are_not_packed():
     assert not supports_packing(model)
 
 
-def test_cpu_dropout_keeps_one_minus_p_scales_and_masks_the_gradient():
-    from embforge.modeling.packing import dropout
+def test_keyed_dropout_keeps_one_minus_p_and_depends_only_on_the_key():
+    from embforge.modeling.dropout import LayerMasks, text_keys
 
-    torch.manual_seed(0)
-    x = torch.ones(200_000, requires_grad=True)
-    y = dropout(x, 0.1)
-    kept = y != 0
+    def masks(keys, lengths, layer=0):
+        return LayerMasks(
+            keys,
+            lengths,
+            layer=layer,
+            heads=2,
+            hidden=64,
+            p_attention=0.1,
+            p_hidden=0.1,
+            device=torch.device("cpu"),
+        )
+
+    keys = text_keys(5, range(40))
+    lengths = [100 + i for i in range(40)]
+    hidden = masks(keys, lengths).hidden_mask(0, torch.float32)
+    kept = hidden != 0
     assert abs(kept.float().mean().item() - 0.9) < 0.003
-    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, kept.float() / 0.9)
-    assert dropout(x, 0.0) is x
-    torch.manual_seed(1)
-    first = dropout(x, 0.5)
-    torch.manual_seed(1)
-    assert torch.equal(first, dropout(x, 0.5))  # seeded: runs resume identically
+    torch.testing.assert_close(hidden[kept], torch.full_like(hidden[kept], 1 / 0.9))
+    # text 3's masks do not depend on the other texts of the forward, nor on the texts' order
+    alone = masks(keys[3:4], lengths[3:4]).hidden_mask(0, torch.float32)
+    start = sum(lengths[:3])
+    assert torch.equal(alone, hidden[start : start + lengths[3]])
+    swapped = masks([keys[4], keys[3]], [lengths[4], lengths[3]]).hidden_mask(1, torch.float32)
+    assert torch.equal(swapped[lengths[4] :], masks(keys[3:4], lengths[3:4]).hidden_mask(1, torch.float32))
+    # another layer, another micro-step seed or another place in the batch: other masks
+    assert not torch.equal(alone, masks(keys[3:4], lengths[3:4], layer=1).hidden_mask(0, torch.float32))
+    assert not torch.equal(alone, masks(text_keys(6, [3]), lengths[3:4]).hidden_mask(0, torch.float32))
+    assert not torch.equal(alone, masks(keys[4:5], lengths[3:4]).hidden_mask(0, torch.float32))

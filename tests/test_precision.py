@@ -35,7 +35,8 @@ def test_bf16_inference_is_close_to_fp32_and_not_identical(tiny_encoder):
 
 
 def test_cross_encoder_scores_under_bf16_are_float32_and_close():
-    from tests.test_cross_losses import PAIRS, make_cross_encoder
+    from tests.conftest import make_cross_encoder
+    from tests.test_cross_losses import PAIRS
 
     model = make_cross_encoder(num_labels=1)
     full = model.predict(PAIRS)

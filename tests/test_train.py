@@ -16,8 +16,9 @@ import torch
 from embforge.data.tables import DataError, read_table
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
-from embforge.training.loop import TrainConfig, train
-from embforge.training.tasks import Task
+from embforge.training.config import TrainConfig
+from embforge.training.loop import train
+from embforge.training.tasks import Task, prepare
 
 
 def weights(path):
@@ -140,10 +141,16 @@ def test_simcse_feeds_one_column_twice(tmp_path, tiny_encoder):
     texts = tmp_path / "t.jsonl"
     texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a cat", "a dog", "the sun", "a car"]))
     task = Task("simcse", read_table(texts), get_loss("simcse"))
-    prepared = tiny_encoder.prepare_task(task)
+    prepared = prepare(task, tiny_encoder)
     assert len(prepared.ids) == 2 and prepared.ids[0] == prepared.ids[1]
+    rows = (0, 1, 2, 3)
     tiny_encoder.train()
-    assert prepared.loss(tiny_encoder, (0, 1, 2, 3), 512).item() > 0  # dropout makes the two views differ
+    first, second = tiny_encoder(prepared.inputs(rows), dropout_seed=7).split(4)
+    assert not torch.allclose(first, second)  # dropout makes the two views of each text differ
+    assert prepared.loss_fn(torch.cat([first, second]), None).item() > 0
+    tiny_encoder.eval()
+    first, second = tiny_encoder(prepared.inputs(rows)).split(4)
+    torch.testing.assert_close(first, second)  # ... and only dropout
 
 
 def test_config_rejects_bad_values():

@@ -7,7 +7,8 @@ layers and the layer norms run on it directly. Only attention needs per-text blo
 similar length (length-sorted, at most ``max_tokens`` padded tokens) is copied into a padded
 ``(texts, heads, width, head_dim)`` block, attends with a key mask through ``scaled_dot_product_attention``, and is
 copied back. The backbone's own submodules and weights are called, so the output equals the padded forward
-(tested ≤ 1e-5, gradients too) and training updates the same parameters.
+(tested ≤ 1e-5, gradients too) and training updates the same parameters. In training, dropout masks are keyed by
+text (:mod:`embforge.modeling.dropout`), so how texts are grouped or split into mini-batches never changes them.
 
 Covered: Hugging Face ``BertModel`` (BERT, MiniLM, BGE, E5, ...), and ``BertForSequenceClassification`` heads for
 cross-encoders. Other architectures use the padded path.
@@ -22,7 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
+from embforge.modeling.dropout import LayerMasks, head_mask
 from embforge.modeling.padding import sort_by_length, token_budget_chunks
 
 
@@ -73,6 +76,8 @@ class PackedBatch:
     segment: Tensor  # (tokens,) packed index of each token's text
     groups: list[_AttentionGroup]
     inverse: Tensor  # (texts,) packed position of the caller's i-th text
+    length_list: list[int]  # ``lengths`` as Python ints
+    keys: list[int] | None = None  # per-text dropout keys, packed order (embforge.modeling.dropout); None: none
 
     @property
     def num_texts(self) -> int:
@@ -84,6 +89,7 @@ def pack(
     *,
     max_tokens: int,
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
+    keys: Sequence[int] | None = None,
     device: torch.device | str | None = None,
 ) -> PackedBatch:
     """Sort tokenised texts by length, concatenate them, and plan the attention blocks.
@@ -92,6 +98,7 @@ def pack(
         ids: Token ids of each text (already truncated, no padding).
         max_tokens: Padded-token budget of one attention block (texts of similar length share a block).
         token_type_ids: Segment ids per text (cross-encoder pairs), or None.
+        keys: Dropout key of each text (:func:`embforge.modeling.dropout.text_keys`); None: no dropout.
         device: Where the index tensors go (the model's device).
     """
     if not ids:
@@ -135,49 +142,31 @@ def pack(
         segment=torch.repeat_interleave(torch.arange(len(order)), length_tensor).to(device),
         groups=groups,
         inverse=inverse.to(device),
+        length_list=lengths,
+        keys=None if keys is None else [keys[i] for i in order],
     )
 
 
-def dropout(x: Tensor, p: float) -> Tensor:
-    """Inverted dropout (training mode) with a cheaper mask on CPU; ``F.dropout`` elsewhere.
-
-    On CPU ``F.dropout``'s per-element Bernoulli draw is the single largest cost after the matrix products (~14 % of
-    a cross-encoder training step). Here the mask comes from 15-bit integers cut out of 64-bit draws of torch's
-    seeded generator (four per draw, so runs stay reproducible and resumable, at ~2.5x less generator time than
-    one draw per element): an element is kept when its draw is at least ``round(p * 32768)``, i.e. with
-    probability ``1 - p`` to within 2e-5, and scaled by ``1 / (1 - p)``.
-    """
-    if p <= 0.0:
-        return x
-    if x.device.type != "cpu":
-        return F.dropout(x, p, training=True)
-    n = x.numel()
-    draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_().view(torch.int16)[:n].view(x.shape)
-    scaled_keep = ((draws & 0x7FFF) >= round(p * 32768)).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return x * scaled_keep
-
-
 def _attend(
-    qkv: Tensor, batch: PackedBatch, heads: int, dropout_p: float, scale: float, training: bool
+    qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: LayerMasks | None
 ) -> Tensor:
     """Self-attention of each text over its own tokens: ``(tokens, 3 * hidden)`` -> ``(tokens, hidden)``.
 
-    Inference uses ``scaled_dot_product_attention`` (its fused CPU kernel). Training on CPU writes the attention
-    out (scores, key mask, softmax, :func:`dropout`, values): with dropout the fused kernel is not used anyway,
-    and the generic fallback spends time checking for fully masked rows, which packing never produces.
+    Without dropout masks (inference, or no attention dropout) ``scaled_dot_product_attention`` runs (its fused
+    kernel); with them the attention is written out (scores, key mask, softmax, keyed dropout, values).
     """
     hidden = qkv.shape[1] // 3
-    manual = training and qkv.device.type == "cpu"
-    outputs = []
+    outputs, first = [], 0
     for g in batch.groups:
         q, k, v = _blocks(qkv, g, 3, heads)
-        if manual:
-            context = _written_attention(q, k, v, g.key_mask, dropout_p, scale)
+        mask = None if masks is None else masks.attention(first, g.texts, g.width, q.dtype)
+        if mask is None:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
         else:
-            p = dropout_p if training else 0.0
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, dropout_p=p, scale=scale)
+            context = _written_attention(q, k, v, g.key_mask, mask, scale)
         context = context.transpose(1, 2).reshape(g.texts * g.width, hidden)
         outputs.append(context if g.slots is None else context.index_select(0, g.slots))
+        first += g.texts
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
@@ -192,70 +181,156 @@ def _blocks(x: Tensor, g: _AttentionGroup, parts: int, heads: int) -> tuple[Tens
 
 
 def _written_attention(
-    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout_p: float, scale: float
+    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, keep: Tensor | None, scale: float
 ) -> Tensor:
-    """``softmax(q kᵀ · scale, masked) v`` with :func:`dropout` on the probabilities."""
+    """``softmax(q kᵀ · scale, masked) v`` with the scaled keep-mask ``keep`` applied to the probabilities."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if key_mask is not None:
         scores = scores.masked_fill(~key_mask, float("-inf"))
-    return torch.matmul(dropout(scores.softmax(dim=-1), dropout_p), v)
+    probs = scores.softmax(dim=-1)
+    return torch.matmul(probs if keep is None else probs * keep, v)
 
 
-def _add_norm(block: Any, x: Tensor, residual: Tensor) -> Tensor:
-    """``BertSelfOutput`` / ``BertOutput``: dense -> dropout -> LayerNorm(. + residual)."""
-    p = block.dropout.p if block.training else 0.0
-    return block.LayerNorm(dropout(block.dense(x), p) + residual)
+def _add_norm(block: Any, x: Tensor, residual: Tensor, keep: Tensor | None) -> Tensor:
+    """``BertSelfOutput`` / ``BertOutput``: dense -> dropout (scaled keep-mask) -> LayerNorm(. + residual)."""
+    x = block.dense(x)
+    return block.LayerNorm((x if keep is None else x * keep) + residual)
 
 
-def packed_hidden(backbone: Any, batch: PackedBatch, *, first_tokens_only: bool = False) -> Tensor:
+def _layer_masks(layer: Any, number: int, batch: PackedBatch, rows: int | None) -> LayerMasks | None:
+    """This layer's keyed dropout masks (:mod:`embforge.modeling.dropout`), or None outside training."""
+    if not layer.training or batch.keys is None:
+        return None
+    attention = layer.attention.self
+    p_attention = float(attention.dropout.p)
+    p_hidden = float(layer.output.dropout.p)
+    if p_attention <= 0 and p_hidden <= 0:
+        return None
+    return LayerMasks(
+        batch.keys,
+        batch.length_list,
+        layer=number,
+        heads=attention.num_attention_heads,
+        hidden=attention.all_head_size,
+        p_attention=p_attention,
+        p_hidden=p_hidden,
+        rows=rows,
+        device=batch.input_ids.device,
+    )
+
+
+def _bert_layer(layer: Any, number: int, hidden: Tensor, batch: PackedBatch) -> Tensor:
+    """One ``BertLayer`` over all packed tokens."""
+    attention = layer.attention.self
+    scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
+    masks = _layer_masks(layer, number, batch, None)
+    weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
+    bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
+    context = _attend(F.linear(hidden, weight, bias), batch, attention.num_attention_heads, scale, masks)
+    dtype = context.dtype
+    attended = _add_norm(
+        layer.attention.output, context, hidden, None if masks is None else masks.hidden_mask(0, dtype)
+    )
+    return _add_norm(
+        layer.output,
+        layer.intermediate(attended),
+        attended,
+        None if masks is None else masks.hidden_mask(1, dtype),
+    )
+
+
+def _bert_last_layer_first_tokens(layer: Any, number: int, hidden: Tensor, batch: PackedBatch) -> Tensor:
+    """A ``BertLayer`` computed for each text's first token only: keys and values of all tokens, the rest of the
+    layer for the first tokens. Same values and gradients as :func:`_bert_layer`'s first rows (masks included)."""
+    attention = layer.attention.self
+    scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
+    masks = _layer_masks(layer, number, batch, 1)
+    residual = hidden.index_select(0, batch.offsets)
+    weight = torch.cat([attention.key.weight, attention.value.weight])
+    bias = torch.cat([attention.key.bias, attention.value.bias])
+    kv = F.linear(hidden, weight, bias)
+    context = _attend_first(
+        attention.query(residual), kv, batch, attention.num_attention_heads, scale, masks
+    )
+    dtype = context.dtype
+    attended = _add_norm(
+        layer.attention.output, context, residual, None if masks is None else masks.hidden_mask(0, dtype)
+    )
+    return _add_norm(
+        layer.output,
+        layer.intermediate(attended),
+        attended,
+        None if masks is None else masks.hidden_mask(1, dtype),
+    )
+
+
+def packed_hidden(
+    backbone: Any,
+    batch: PackedBatch,
+    *,
+    first_tokens_only: bool = False,
+    checkpoint_layers: bool = False,
+) -> Tensor:
     """Last hidden states ``(tokens, hidden)`` of a ``BertModel`` for a :class:`PackedBatch`.
 
-    Calls the backbone's own embedding, projection, feed-forward and layer-norm modules (dropout with the
-    modules' own probabilities, see :func:`dropout`), so autocast and train/eval mode behave as in its forward.
+    Calls the backbone's own embedding, projection, feed-forward and layer-norm modules, so autocast and
+    train/eval mode behave as in its forward. In training, dropout uses the keyed masks of
+    :mod:`embforge.modeling.dropout` (``batch.keys``): each text's masks depend on the text, not on the batching.
+    The embedding layer's own dropout is applied through the same keys (as layer ``-1``'s feed-forward site).
 
     ``first_tokens_only=True`` returns only each text's first token (``(texts, hidden)``, packed order) — all that
     CLS pooling and a cross-encoder's head read. The last layer then needs keys and values of every token but
     queries, attention output, feed-forward and layer norms for the first tokens only: the same values and
     gradients for what is returned, and ~14 % fewer operations for a 6-layer model (5/6 of the last layer's).
+
+    ``checkpoint_layers=True`` keeps only each layer's input for the backward pass and recomputes the layer there
+    (gradient checkpointing): the keyed masks are a function of the keys, so the recomputation is exact.
     """
-    types = None if batch.token_type_ids is None else batch.token_type_ids[None]
-    hidden = backbone.embeddings(
-        input_ids=batch.input_ids[None], token_type_ids=types, position_ids=batch.position_ids[None]
-    )[0]
+    hidden = _embed(backbone.embeddings, batch)
     layers = backbone.encoder.layer
     for number, layer in enumerate(layers):
-        attention = layer.attention.self
-        scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
-        heads = attention.num_attention_heads
-        if first_tokens_only and number == len(layers) - 1:
-            residual = hidden.index_select(0, batch.offsets)
-            weight = torch.cat([attention.key.weight, attention.value.weight])
-            bias = torch.cat([attention.key.bias, attention.value.bias])
-            kv = F.linear(hidden, weight, bias)
-            p = attention.dropout.p if attention.training else 0.0
-            context = _attend_first(attention.query(residual), kv, batch, heads, p, scale)
+        last_first = first_tokens_only and number == len(layers) - 1
+        step = _bert_last_layer_first_tokens if last_first else _bert_layer
+        if checkpoint_layers and torch.is_grad_enabled():
+            hidden = checkpoint(step, layer, number, hidden, batch, use_reentrant=False)
         else:
-            residual = hidden
-            weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
-            bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
-            qkv = F.linear(hidden, weight, bias)
-            context = _attend(qkv, batch, heads, attention.dropout.p, scale, attention.training)
-        attended = _add_norm(layer.attention.output, context, residual)
-        hidden = _add_norm(layer.output, layer.intermediate(attended), attended)
+            hidden = step(layer, number, hidden, batch)
+    return hidden
+
+
+def _embed(embeddings: Any, batch: PackedBatch) -> Tensor:
+    """``BertEmbeddings``: word + position + token-type embeddings, LayerNorm, then its dropout as keyed masks."""
+    type_ids = batch.token_type_ids if batch.token_type_ids is not None else torch.zeros_like(batch.input_ids)
+    hidden = embeddings.word_embeddings(batch.input_ids) + embeddings.token_type_embeddings(type_ids)
+    hidden = embeddings.LayerNorm(hidden + embeddings.position_embeddings(batch.position_ids))
+    p = float(embeddings.dropout.p)
+    if embeddings.training and p > 0 and batch.keys is not None:
+        masks = LayerMasks(
+            batch.keys,
+            batch.length_list,
+            layer=-1,
+            heads=0,
+            hidden=hidden.shape[1],
+            p_attention=0.0,
+            p_hidden=p,
+            device=hidden.device,
+        )
+        hidden = hidden * masks.hidden_mask(0, hidden.dtype)
     return hidden
 
 
 def _attend_first(
-    q: Tensor, kv: Tensor, batch: PackedBatch, heads: int, dropout_p: float, scale: float
+    q: Tensor, kv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: LayerMasks | None
 ) -> Tensor:
     """Attention of each text's first token over its own tokens: queries ``(texts, hidden)`` (packed order) and
-    keys/values ``(tokens, 2 * hidden)`` -> ``(texts, hidden)``. ``dropout_p`` is 0 outside training."""
+    keys/values ``(tokens, 2 * hidden)`` -> ``(texts, hidden)``."""
     hidden = q.shape[1]
     outputs, first = [], 0
     for g in batch.groups:
         k, v = _blocks(kv, g, 2, heads)
         query = q[first : first + g.texts].view(g.texts, heads, 1, hidden // heads)
-        context = _written_attention(query, k, v, g.key_mask, dropout_p, scale)  # (texts, heads, 1, head_dim)
+        keep = None if masks is None else masks.attention(first, g.texts, g.width, query.dtype)
+        context = _written_attention(query, k, v, g.key_mask, keep, scale)  # (texts, heads, 1, head_dim)
         outputs.append(context.reshape(g.texts, hidden))
         first += g.texts
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
@@ -277,8 +352,19 @@ def pool_packed(hidden: Tensor, batch: PackedBatch, mode: str) -> Tensor:
     raise ValueError(f"unknown pooling mode {mode!r}")
 
 
-def packed_logits(model: Any, batch: PackedBatch) -> Tensor:
+def packed_logits(model: Any, batch: PackedBatch, *, checkpoint_layers: bool = False) -> Tensor:
     """Logits ``(texts, num_labels)`` of a ``BertForSequenceClassification``, in packed order."""
-    first = packed_hidden(model.bert, batch, first_tokens_only=True)
+    first = packed_hidden(model.bert, batch, first_tokens_only=True, checkpoint_layers=checkpoint_layers)
     pooled = model.bert.pooler.activation(model.bert.pooler.dense(first))
-    return model.classifier(dropout(pooled, model.dropout.p if model.training else 0.0))
+    keep = None
+    if model.training and batch.keys is not None:
+        layers = len(model.bert.encoder.layer)
+        keep = head_mask(
+            batch.keys,
+            layer=layers,
+            hidden=pooled.shape[1],
+            p=float(model.dropout.p),
+            dtype=pooled.dtype,
+            device=pooled.device,
+        )
+    return model.classifier(pooled if keep is None else pooled * keep)

@@ -1,11 +1,16 @@
-"""Turning token-id lists into padded tensors, with as little padding as possible."""
+"""Turning token-id lists into padded tensors and length-sorted chunks, with as little padding as possible."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
+
+from embforge.modeling.dropout import mix
+
+T = TypeVar("T")
 
 
 def sort_by_length(ids: Sequence[Sequence[int]]) -> list[int]:
@@ -34,13 +39,69 @@ def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[in
 
 
 def pad_ids(
-    ids: Sequence[Sequence[int]], pad_id: int, *, device: torch.device | str | None = None
+    ids: Sequence[Sequence[int]],
+    pad_id: int,
+    *,
+    device: torch.device | str | None = None,
+    side: str = "right",
 ) -> tuple[Tensor, Tensor]:
-    """Right-pad sequences to the longest one: ``(input_ids, attention_mask)`` as long tensors."""
+    """Pad sequences to the longest one: ``(input_ids, attention_mask)`` as long tensors.
+
+    ``side="left"`` puts the padding first (decoder tokenizers such as Qwen3-Embedding's pad on the left).
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
     width = max(len(seq) for seq in ids)
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for row, seq in enumerate(ids):
-        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-        mask[row, : len(seq)] = 1
+        cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
+        input_ids[row, cols] = torch.as_tensor(seq, dtype=torch.long)
+        mask[row, cols] = 1
     return input_ids.to(device), mask.to(device)
+
+
+def in_length_chunks(
+    items: Sequence[T],
+    max_tokens: int,
+    forward: Callable[[list[T]], Tensor],
+    *,
+    lengths: Sequence[int] | None = None,
+    seed: int | None = None,
+    places: Sequence[int] | None = None,
+) -> Tensor:
+    """``forward`` over length-sorted chunks of at most ``max_tokens`` padded tokens, outputs in the input order.
+
+    With ``seed`` (training), each chunk runs under torch's generator seeded from ``(seed, place of the chunk's
+    first item)``, so a chunk's dropout masks are the same whenever the same chunk is forwarded again (the cached
+    step's second pass) — though, unlike the padding-free path, they depend on how items were chunked.
+    """
+    sizes = [len(item) for item in items] if lengths is None else list(lengths)  # type: ignore[arg-type]
+    order = sorted(range(len(items)), key=lambda i: -sizes[i])
+    where = list(range(len(items))) if places is None else list(places)
+    parts = []
+    for chunk in token_budget_chunks([sizes[i] for i in order], max_tokens):
+        members = [items[order[i]] for i in chunk]
+        if seed is None:
+            parts.append(forward(members))
+            continue
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(mix(seed, where[order[chunk[0]]]))
+            parts.append(forward(members))
+    out = torch.cat(parts)
+    inverse = torch.empty(len(order), dtype=torch.long, device=out.device)
+    inverse[torch.as_tensor(order, device=out.device)] = torch.arange(len(order), device=out.device)
+    return out[inverse]
+
+
+def set_backbone_checkpointing(backbone: Any, enabled: bool) -> None:
+    """Turn a Hugging Face model's own gradient checkpointing on or off (used by its padded forward)."""
+    if not getattr(backbone, "supports_gradient_checkpointing", False):
+        if enabled:
+            raise ValueError(f"{type(backbone).__name__} does not support gradient checkpointing")
+        return
+    if enabled:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif getattr(backbone, "is_gradient_checkpointing", False):
+        backbone.gradient_checkpointing_disable()

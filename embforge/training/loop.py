@@ -11,7 +11,6 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from embforge.modeling.precision import amp_dtype, check_amp
+from embforge.modeling.precision import amp_dtype
 from embforge.training.checkpoints import (
     atomic_dir,
     latest_checkpoint,
@@ -28,56 +27,13 @@ from embforge.training.checkpoints import (
     save_checkpoint,
     set_rng_state,
 )
-from embforge.training.sampling import STRATEGIES, TaskPlan, row_texts, uses_in_batch_negatives
-from embforge.training.tasks import Task
+from embforge.training.config import TrainConfig
+from embforge.training.sampling import TaskPlan, row_texts, uses_in_batch_negatives
+from embforge.training.step import cached_step
+from embforge.training.tasks import PreparedTask, Task, prepare
 from embforge.training.weighting import DynamicWeights
 
 Evaluator = Callable[[Any], dict[str, float]]
-
-
-@dataclass
-class TrainConfig:
-    """Everything a training run needs besides the model and the data. The CLI and TOML files fill it.
-
-    The defaults are the measured recipe for all-MiniLM-L6-v2 on STS-B (see README: CoSENT, lr 5e-5, batch 32).
-    """
-
-    output: str = "output"
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int = 32
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    grad_accum: int = 1
-    amp: str = "auto"
-    seed: int = 42
-    eval_every: int = 0
-    save_every: int = 200
-    keep_checkpoints: int = 1
-    log_every: int = 10
-    group_by_length: bool = False
-    chunk_tokens: int | None = None
-    metric: str = "spearman"
-    device: str = "auto"
-    sampling: str = "epoch"
-    sampling_alpha: float = 0.5
-    dynamic_weights_every: int = 0
-    dynamic_weights_smoothing: float = 0.5
-    dynamic_weights_relative: bool = False
-    resume: bool = False
-    quiet: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "chunk_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.sampling not in STRATEGIES:
-            raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
-        check_amp(self.amp)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -120,9 +76,11 @@ def _linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
-def _prepare(model: Any, tasks: list[Task], config: TrainConfig) -> tuple[list[Any], list[int], Any, Any]:
+def _prepare(
+    model: Any, tasks: list[Task], config: TrainConfig
+) -> tuple[list[PreparedTask], list[int], Any, Any]:
     """Tokenise the tasks and derive what the batch plan needs: sizes, lengths, distinct-text keys."""
-    prepared = [model.prepare_task(task) for task in tasks]
+    prepared = [prepare(task, model) for task in tasks]
     sizes = [len(t.data) for t in tasks]
     lengths = [p.lengths for p in prepared] if config.group_by_length else None
     # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
@@ -163,6 +121,8 @@ def train(
     device = resolve_device(config.device)
     seed_everything(config.seed)
     model.to(device)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing(True)
     losses = nn.ModuleList([t.loss for t in tasks]).to(device)
     prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
     weights = [t.weight for t in tasks]
@@ -200,6 +160,10 @@ def train(
     # padded tokens per forward chunk: small on CPU (less padding beats bigger matrices), large on GPUs
     chunk_tokens = config.chunk_tokens or (512 if device.type == "cpu" else 16384)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+    def backward(loss: torch.Tensor) -> None:  # fp16 loss scaling, and the mean over accumulated micro-steps
+        scaler.scale(loss / config.grad_accum).backward()
+
     progress: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "best": None, "pairs": 0}
 
     checkpoints = out / "checkpoints"
@@ -232,14 +196,29 @@ def train(
                 progress["cursors"] = [0] * len(tasks)
                 plan = plan_for(progress["epoch"])
             batch = plan.take(progress, dynamic.weights if dynamic is not None else weights)
+            task, rows = prepared[batch.task], batch.rows
+            seed = int(torch.randint(0, 2**62, ()).item())  # this micro-step's dropout masks (modeling/dropout.py)
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                loss = prepared[batch.task].loss(model, batch.rows, chunk_tokens)
+                if config.mini_batch_size:  # GradCache (training/step.py): same loss and gradients, less memory
+                    loss = cached_step(
+                        model,
+                        task,
+                        rows,
+                        mini_batch_size=config.mini_batch_size,
+                        max_tokens=chunk_tokens,
+                        dropout_seed=seed,
+                        backward=backward,
+                    )
+                else:
+                    embeddings = model(task.inputs(rows), max_tokens=chunk_tokens, dropout_seed=seed)
+                    loss = task.loss_fn(embeddings, task.labels(rows))
+            if not config.mini_batch_size:
+                backward(loss)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"loss became {loss.item()} at step {progress['step'] + 1} "
                     f"(task {tasks[batch.task].name!r}); lower the learning rate or use amp='no'"
                 )
-            scaler.scale(loss / config.grad_accum).backward()
             running.append(loss.item())
             task_running.setdefault(tasks[batch.task].name, []).append(running[-1])
             if dynamic is not None:

@@ -1,0 +1,231 @@
+"""LoRA adapters (peft) for bi-encoders and cross-encoders: wrap, count, save, load, merge.
+
+:func:`apply_lora` wraps the Hugging Face module of an :class:`~embforge.encoder.Encoder` (``backbone``) or a
+:class:`~embforge.cross_encoder.CrossEncoder` (``model``, whose freshly initialised classification head stays fully
+trainable) with peft's ``get_peft_model``: the base weights are frozen and only the low-rank matrices train. The
+trainer needs no special case: the optimiser sees the parameters that require gradients.
+
+On disk a LoRA model is its sentence-transformers / cross-encoder folder with the (frozen) base weights, plus the
+adapter in ``adapter/`` (peft's ``save_pretrained``: ``adapter_config.json``, ``adapter_model.safetensors``) and a
+note in ``config_sentence_transformers.json``. ``Encoder.load`` / ``CrossEncoder.load`` load base + adapter, so
+checkpoints and ``--resume`` round-trip. sentence-transformers ignores ``adapter/``: :func:`merge_lora` folds the
+adapter into the weights for a self-contained folder any library reads.
+
+Padding-free forwards: BERT packing (:mod:`embforge.modeling.packing`) reads the projection weights directly and
+would skip the adapters, so adapted BERT models take the padded path (:func:`uses_adapters`); the decoder packing
+(:mod:`embforge.modeling.decoder_packing`) calls the wrapped modules and keeps working.
+
+Example:
+    >>> from embforge.encoder import Encoder
+    >>> model = apply_lora(Encoder.load("all-MiniLM-L6-v2"), r=16)  # doctest: +SKIP
+    >>> trainable_parameters(model)  # doctest: +SKIP
+    (... trainable, ... total)
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from embforge._optional import require
+
+ADAPTER_DIR = "adapter"
+ALL_LINEAR = "all-linear"
+
+
+@dataclass
+class LoraConfig:
+    """LoRA settings of a training run (``r=0``: full fine-tuning).
+
+    Attributes:
+        r: Rank of the update matrices; 0 turns LoRA off.
+        alpha: Scaling numerator (the update is ``alpha / r · B A``); ``None``: ``2 * r``.
+        dropout: Dropout on the adapter's input during training.
+        targets: Module names to adapt (suffixes such as ``query,value`` or ``q_proj,v_proj``), or
+            ``"all-linear"`` (default): every linear layer except output heads.
+        merge: Fold the adapter into the weights when saving the final model.
+    """
+
+    r: int = 0
+    alpha: float | None = None
+    dropout: float = 0.0
+    targets: str | list[str] = ALL_LINEAR
+    merge: bool = False
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ValueError(f"lora r must be >= 0, got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora dropout must be in [0, 1), got {self.dropout}")
+        if self.alpha is not None and self.alpha <= 0:
+            raise ValueError(f"lora alpha must be > 0, got {self.alpha}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+    @classmethod
+    def from_fields(cls, config: Any) -> LoraConfig:
+        """Read ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` and ``merge_lora`` off a
+        ``TrainConfig`` (or any object); missing fields keep their defaults."""
+        return cls(
+            r=int(getattr(config, "lora_r", 0) or 0),
+            alpha=getattr(config, "lora_alpha", None),
+            dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0),
+            targets=getattr(config, "lora_targets", None) or ALL_LINEAR,
+            merge=bool(getattr(config, "merge_lora", False)),
+        )
+
+
+def uses_adapters(module: Any) -> bool:
+    """Whether ``module`` holds peft adapter layers (LoRA ...), wrapped by ``get_peft_model`` or injected in place.
+
+    peft is only imported when something already imported it: no adapters can exist otherwise.
+    """
+    if "peft" not in sys.modules or not isinstance(module, nn.Module):
+        return False
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(m, BaseTunerLayer) for m in module.modules())
+
+
+def _slot(model: Any) -> tuple[str, str | None]:
+    """``(attribute holding the HF module, peft task type)`` for an Encoder or a CrossEncoder."""
+    if hasattr(model, "backbone"):
+        return "backbone", None
+    if hasattr(model, "model") and hasattr(model, "score_ids"):
+        return "model", "SEQ_CLS"  # peft keeps the classification head fully trainable (modules_to_save)
+    raise TypeError(f"apply_lora needs an Encoder or a CrossEncoder, got {type(model).__name__}")
+
+
+def _targets(targets: str | Sequence[str] | None) -> str | list[str]:
+    if targets is None or targets == ALL_LINEAR:
+        return ALL_LINEAR
+    names = targets.split(",") if isinstance(targets, str) else list(targets)
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise ValueError(
+            "lora targets: give module names such as 'query,value' or 'q_proj,v_proj', or all-linear"
+        )
+    return names
+
+
+def apply_lora(
+    model: Any,
+    *,
+    r: int,
+    alpha: float | None = None,
+    dropout: float = 0.0,
+    targets: str | Sequence[str] | None = ALL_LINEAR,
+) -> Any:
+    """Wrap ``model``'s Hugging Face module with LoRA adapters (in place) and return ``model``.
+
+    Args:
+        model: An :class:`~embforge.encoder.Encoder` or :class:`~embforge.cross_encoder.CrossEncoder`.
+        r: Rank of the update (> 0).
+        alpha: Scaling numerator; ``None`` gives ``2 * r``.
+        dropout: Dropout on the adapters' input during training.
+        targets: ``"all-linear"`` (every linear layer but output heads; a BERT bi-encoder's unused pooler is
+            left out), or module-name suffixes, as a list or a comma-separated string.
+    """
+    peft = require("peft")
+    if r < 1:
+        raise ValueError(f"lora r must be >= 1, got {r}")
+    attr, task_type = _slot(model)
+    module = getattr(model, attr)
+    if uses_adapters(module):
+        raise ValueError("this model already has adapters; merge them (merge_lora) before adding new ones")
+    target_modules = _targets(targets)
+    exclude = None
+    if task_type is None and target_modules == ALL_LINEAR:  # a bi-encoder never reads BERT's pooler
+        exclude = [name for name, _ in module.named_modules() if name.endswith("pooler.dense")] or None
+    config = peft.LoraConfig(
+        r=r,
+        lora_alpha=alpha if alpha is not None else 2 * r,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        exclude_modules=exclude,
+        task_type=task_type,
+    )
+    setattr(model, attr, peft.get_peft_model(module, config))
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts of ``model``."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def has_adapter(folder: str | Path) -> bool:
+    """Whether ``folder`` (a saved model) carries a peft adapter in ``adapter/``."""
+    return (Path(folder) / ADAPTER_DIR / "adapter_config.json").is_file()
+
+
+def base_state_dict(wrapped: Any) -> dict[str, Any]:
+    """The frozen base weights of a peft-wrapped model under the Hugging Face names (no adapter tensors)."""
+    out = {}
+    for key, value in wrapped.get_base_model().state_dict().items():
+        if ".lora_" in key or ".modules_to_save." in key or "lora_embedding" in key:
+            continue
+        out[key.replace(".base_layer.", ".").replace(".original_module.", ".")] = value
+    return out
+
+
+def save_backbone(module: Any, root: Path) -> None:
+    """``save_pretrained`` of a Hugging Face module into ``root``; an adapted one writes its base weights there
+    and its adapter to ``root/adapter`` (a stale ``adapter/`` from an earlier save is removed)."""
+    if not uses_adapters(module):
+        shutil.rmtree(root / ADAPTER_DIR, ignore_errors=True)
+        module.save_pretrained(root, safe_serialization=True)
+        return
+    base = module.get_base_model()
+    base.save_pretrained(root, state_dict=base_state_dict(module), safe_serialization=True)
+    module.save_pretrained(root / ADAPTER_DIR)
+
+
+def adapter_note(module: Any) -> dict[str, Any]:
+    """What ``config_sentence_transformers.json`` records about an adapted module's adapter under ``"lora"``
+    (for people; loaders look for ``adapter/``); ``{}`` without adapters."""
+    if not uses_adapters(module):
+        return {}
+    config = module.peft_config["default"]
+    targets = config.target_modules
+    note = {
+        "adapter": ADAPTER_DIR,
+        "peft_type": str(getattr(config.peft_type, "value", config.peft_type)),
+        "r": int(config.r),
+        "alpha": float(config.lora_alpha),
+        "targets": targets if isinstance(targets, str) else sorted(targets),
+        "note": "LoRA adapter over the base weights of this folder; embforge loads both. sentence-transformers "
+        "ignores adapter/: save with merge_lora (--merge-lora) for a self-contained model.",
+    }
+    return {"lora": note}
+
+
+def load_adapter(module: nn.Module, folder: str | Path, *, trainable: bool = True) -> Any:
+    """Wrap ``module`` (the base model loaded from ``folder``) with the adapter saved in ``folder/adapter``.
+
+    ``trainable=True`` leaves the adapter weights trainable, so a checkpoint resumes as the run that wrote it.
+    """
+    peft = require("peft")
+    return peft.PeftModel.from_pretrained(module, str(Path(folder) / ADAPTER_DIR), is_trainable=trainable)
+
+
+def merge_lora(model: Any) -> Any:
+    """Fold ``model``'s adapters into its weights (in place) and drop them; returns ``model``.
+
+    Afterwards ``save`` writes a plain sentence-transformers (or cross-encoder) folder that any library loads.
+    """
+    attr, _ = _slot(model)
+    module = getattr(model, attr)
+    if not uses_adapters(module):
+        raise ValueError("merge_lora: this model has no adapters")
+    setattr(model, attr, module.merge_and_unload())
+    return model
