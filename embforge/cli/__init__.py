@@ -21,6 +21,7 @@ VERB_MODULES = [
     "embforge.cli.retrieval",
     "embforge.cli.cross",
     "embforge.cli.teacher",
+    "embforge.cli.score",
 ]
 
 
