@@ -22,7 +22,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     pairs.add_argument(
         "--dev", help="dev file for the accuracy threshold (default: searched on --data itself)"
     )
-    pairs.add_argument("--batch-size", type=int, default=64)
+    pairs.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     pairs.set_defaults(func=run_eval_pairs)
 
     rerank = evals.add_parser(
@@ -35,7 +37,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     rerank.add_argument(
         "--all-queries", action="store_true", help="keep queries without a relevant candidate (scored 0)"
     )
-    rerank.add_argument("--batch-size", type=int, default=64)
+    rerank.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     rerank.set_defaults(func=run_eval_rerank)
 
     two_stage = verbs.add_parser(
@@ -50,7 +54,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     two_stage.add_argument(
         "--top-k", type=int, default=20, help="candidates re-scored per query (default 20)"
     )
-    two_stage.add_argument("--batch-size", type=int, default=64)
+    two_stage.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     two_stage.add_argument(
         "--fusion",
         type=float,

@@ -16,7 +16,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     parser.add_argument("--output", required=True, help="output .npy file")
     parser.add_argument("--columns", default=None, help="column mapping for tables, e.g. 'sentence=text'")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="texts per forward pass (default %(default)s)"
+    )
     parser.add_argument("--dim", type=int, default=None, help="truncate to this many dimensions (Matryoshka)")
     parser.add_argument("--prompt-name", default=None, help="one of the model's prompts, e.g. query")
     parser.add_argument(

@@ -18,7 +18,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     add_model_arg(parser)
     add_data_args(parser, flag="--train")
     parser.add_argument("--test", required=True, help="CSV/TSV/JSONL/Parquet file with text,label")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     parser.set_defaults(func=run_classification)
 
     parser = evals.add_parser(
@@ -28,7 +30,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     add_model_arg(parser)
     add_data_args(parser)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="k-means runs averaged (default 3)")
     parser.set_defaults(func=run_clustering)
 
@@ -38,16 +42,27 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         description="Evaluate at several embedding sizes; prints a table, saves a plot, JSON line last.",
     )
     add_model_arg(parser)
-    parser.add_argument("--task", choices=["sts", "classification", "clustering"], default="sts")
+    parser.add_argument(
+        "--task",
+        choices=["sts", "classification", "clustering"],
+        default="sts",
+        help="which evaluation to run at each dimension (default sts)",
+    )
     add_data_args(parser)
     parser.add_argument("--train", help="classification: file the classifier is fitted on (--data is scored)")
     parser.add_argument(
         "--dims", type=int_list, default=[64, 128, 256], help="e.g. 64,128,256 (full size added)"
     )
     parser.add_argument(
-        "--plot", default=None, help="PNG path (default: matryoshka-<task>.png beside --data)"
+        "--output",
+        "--plot",
+        dest="plot",
+        default=None,
+        help="PNG file to write (default: matryoshka-<task>.png in the current folder)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     parser.set_defaults(func=run_matryoshka)
 
 
@@ -118,7 +133,7 @@ def run_matryoshka(args: argparse.Namespace) -> dict[str, Any]:
     result = evaluate_matryoshka(model, evaluator, args.dims, metric=metric)
     label = Path(str(args.model)).name
     print(format_table({label: result}))
-    plot = Path(args.plot) if args.plot else Path(args.data).with_name(f"matryoshka-{args.task}.png")
+    plot = Path(args.plot or f"matryoshka-{args.task}.png")  # never beside --data (a shared data folder)
     plot_matryoshka({label: result}, plot, title=f"{label}: {args.task} ({Path(args.data).name})")
     return {
         "metric": metric,

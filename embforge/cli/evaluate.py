@@ -14,7 +14,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     add_model_arg(parser)
     add_data_args(parser)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     parser.set_defaults(func=run_sts)
 
 

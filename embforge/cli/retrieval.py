@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,17 @@ from embforge.cli.common import add_model_arg, parse_options
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     ev = evals.add_parser("retrieval", help="NDCG/MRR/MAP/Recall/Precision@k (0-100) on a BEIR folder")
     add_model_arg(ev)
-    _add_data(ev, default_split="test")
+    _add_data(ev, default_split=None)
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
     ev.add_argument("--index", default="exact", help="exact, flat, hnsw, ivf, ivfpq or pq (default exact)")
     ev.add_argument("--corpus-cache", default=None, help="folder for resumable corpus embeddings")
-    ev.add_argument("--batch-size", type=int, default=64)
-    ev.add_argument("--max-seq-length", type=int, default=None)
+    ev.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)")
+    ev.add_argument(
+        "--max-seq-length",
+        type=int,
+        default=None,
+        help="truncate texts to this many tokens (default: the model's)",
+    )
     ev.set_defaults(func=run_eval)
 
     mine = verbs.add_parser("mine", help="mine hard negatives to JSONL (anchor, positive, negative_1..n)")
@@ -33,12 +39,16 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     mine.add_argument("--output", required=True, help="JSONL file to write")
     mine.add_argument("--method", default="dense", help="dense, bm25 or hybrid (default dense)")
-    mine.add_argument("--num-negatives", type=int, default=3)
+    mine.add_argument(
+        "--num-negatives", type=int, default=3, help="negatives per (query, positive) row (default 3)"
+    )
     mine.add_argument("--depth", type=int, default=None, help="candidates per query (default: like ST)")
     mine.add_argument("--skip-top", type=int, default=0, help="skip the first r surviving candidates")
     mine.add_argument("--relative-margin", type=float, default=None, help="drop scores > (1-m) x positive")
     mine.add_argument("--absolute-margin", type=float, default=None, help="drop scores > positive - a")
-    mine.add_argument("--max-score", type=float, default=None)
+    mine.add_argument(
+        "--max-score", type=float, default=None, help="drop candidates scoring above this (likely positives)"
+    )
     mine.add_argument(
         "--hard-ratio", type=float, default=1.0, help="fraction of hard negatives (rest random)"
     )
@@ -56,14 +66,18 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         default=30,
         help="candidates per query the cross-encoder scores (default 30)",
     )
-    mine.add_argument("--batch-size", type=int, default=32)
+    mine.add_argument(
+        "--batch-size", type=int, default=32, help="texts per forward pass (default %(default)s)"
+    )
     mine.add_argument(
         "--corpus-cache",
         default=None,
         metavar="DIR",
         help="keep the corpus embeddings here (resumable) and reuse them on the next run with the same model",
     )
-    mine.add_argument("--seed", type=int, default=0)
+    mine.add_argument(
+        "--seed", type=int, default=0, help="seed of the random negatives and sampling (default 0)"
+    )
     mine.set_defaults(func=run_mine)
 
     index = verbs.add_parser("index", help="build or search a vector index of a corpus")
@@ -77,19 +91,22 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     build.add_argument("--output", required=True, help="index folder to write")
     build.add_argument("--kind", default="hnsw", help="exact, flat, hnsw, ivf, ivfpq or pq (default hnsw)")
     build.add_argument("--option", action="append", metavar="NAME=VALUE", help="index option, e.g. m=32")
-    build.add_argument("--batch-size", type=int, default=64)
+    build.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     build.set_defaults(func=run_index_build)
     search = sub.add_parser("search", help="top-k documents of query texts")
     add_model_arg(search)
     search.add_argument("--index", required=True, help="index folder written by 'index build'")
     search.add_argument("--query", action="append", required=True, help="query text (repeatable)")
-    search.add_argument("-k", type=int, default=10)
+    search.add_argument("-k", type=int, default=10, help="hits per query (default 10)")
     search.set_defaults(func=run_index_search)
 
 
-def _add_data(parser: argparse.ArgumentParser, *, default_split: str) -> None:
+def _add_data(parser: argparse.ArgumentParser, *, default_split: str | None) -> None:
     parser.add_argument("--data", default=None, help="BEIR folder or the SciFact folder")
-    parser.add_argument("--split", default=default_split, help=f"qrels split (default {default_split})")
+    default = default_split or "the data set's first of test, dev, validation (SciFact: dev)"
+    parser.add_argument("--split", default=default_split, help=f"qrels split (default: {default})")
 
 
 def load_data(folder: str | None, split: str) -> Any:
@@ -110,7 +127,16 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import RETRIEVAL_METRICS, evaluate_retrieval
 
-    data = load_data(args.data, args.split)
+    split = args.split
+    if split is None and args.data is not None:
+        from embforge.data.retrieval import default_eval_split
+
+        split = default_eval_split(args.data)
+        print(
+            f"eval retrieval: evaluating split {split!r} of {args.data} (choose with --split)",
+            file=sys.stderr,
+        )
+    data = load_data(args.data, split)
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
     model = Encoder.load(args.model, max_seq_length=args.max_seq_length)
     return evaluate_retrieval(

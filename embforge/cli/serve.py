@@ -33,7 +33,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="with --index-kind qdrant: a Qdrant server (scale-out; API key from env QDRANT_API_KEY)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     parser.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env EMBFORGE_API_KEY)"
     )
@@ -47,7 +47,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument("--max-inputs", type=int, default=256, help="most texts per request (413 beyond)")
     parser.add_argument("--max-chars", type=int, default=8192, help="most characters per text (413 beyond)")
     parser.add_argument("--truncate", action="store_true", help="cut texts over --max-chars instead of 413")
-    parser.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=2 * 1024 * 1024,
+        help="largest request body accepted (413 beyond; default 2 MiB)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a request may wait for the model"
     )
@@ -57,7 +62,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         default=None,
         help="CPU threads of the model (default: torch/onnxruntime's own)",
     )
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-level", default="info", help="uvicorn log level: debug, info, warning, error (default info)"
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -3,7 +3,7 @@
 A bi-encoder scores a pair by the cosine of its two embeddings, a cross-encoder by its (sigmoid) output. The
 decision threshold is the one that maximises accuracy on the **dev** split and is applied unchanged to the test
 split (the CoSENT source's protocol); without a dev split it is searched on the test split itself, which is
-optimistic and flagged by ``threshold_on_dev = 0`` in the result.
+optimistic and flagged by ``threshold_on_dev: false`` in the result.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def evaluate_pairs(
     """Pair-classification metrics (0–100) of a bi- or cross-encoder on ``data`` (``sentence1, sentence2, label``).
 
     Keys: ``accuracy``, ``f1``, ``precision``, ``recall`` (at the threshold found on ``dev``), ``ap``,
-    ``roc_auc``, ``spearman``, ``pearson`` (scores vs 0/1 labels), ``threshold``, ``threshold_on_dev`` (1/0),
+    ``roc_auc``, ``spearman``, ``pearson`` (scores vs 0/1 labels), ``threshold``, ``threshold_on_dev`` (bool),
     ``dev_accuracy``, ``n``.
     """
     labels = _binary_labels(data, "test")
@@ -119,7 +119,7 @@ def evaluate_pairs(
         result.update(correlations(scores, labels))
     result.update(
         threshold=threshold,
-        threshold_on_dev=float(dev is not None),
+        threshold_on_dev=dev is not None,
         dev_accuracy=100 * dev_accuracy,
         n=len(data),
     )

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from embforge._optional import require
 from embforge.modeling.padding import sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
+from embforge.progress import progress_bar, progress_enabled
 
 META_FILE = "embforge_onnx.json"
 
@@ -154,6 +153,7 @@ class OnnxEncoder(PromptTokenizing):
         prompt: str | None = None,
         prompt_name: str | None = None,
         show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """Embed texts; the arguments mean what they mean in :meth:`Encoder.encode`."""
         single = isinstance(texts, str)
@@ -163,12 +163,16 @@ class OnnxEncoder(PromptTokenizing):
         ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
         order = sort_by_length(ids)
         n_batches = (len(ids) + batch_size - 1) // batch_size
-        if show_progress is None:
-            show_progress = n_batches > 20 and sys.stderr.isatty()
+        enabled = progress_enabled(show_progress, steps=n_batches)
+        bar = progress_bar(total=len(ids), desc="encode", unit="text", enabled=enabled)
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for start in tqdm(range(0, len(ids), batch_size), disable=not show_progress, desc="encode"):
+        for start in range(0, len(ids), batch_size):
             rows = order[start : start + batch_size]
             out[rows] = self.run_ids([ids[i] for i in rows])
+            bar.update(len(rows))
+            if on_batch is not None:
+                on_batch(len(rows))
+        bar.close()
         do_norm = self.normalize if normalize is None else normalize
         if dim is not None:
             out = out[:, :dim]

@@ -19,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -41,17 +43,30 @@ def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     if setting == "fp16":
         return torch.float16
     if setting == "bf16":
+        if device.type == "cpu" and not cpu_has_native_bf16():
+            warnings.warn(
+                "bf16 on this CPU is emulated (no AVX512-BF16 / AMX): it runs about 2x SLOWER than fp32 here. "
+                "Use --amp no (or auto, which picks fp32 on this CPU)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
-        try:
-            native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            native = False
-        capability = torch.backends.cpu.get_cpu_capability()
-        return torch.bfloat16 if native and ("AMX" in capability or "AVX512" in capability) else None
+        return torch.bfloat16 if cpu_has_native_bf16() else None
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU does bf16 matrix products natively (AVX512-BF16 or AMX), where bf16 pays off."""
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    capability = torch.backends.cpu.get_cpu_capability()
+    return native and ("AMX" in capability or "AVX512" in capability)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ one batch's tensors live at a time, so 100k+ documents need little memory. If th
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from embforge.modeling.precision import autocast_tag
+from embforge.progress import progress_bar, progress_enabled
 from embforge.training.checkpoints import write_text_atomic
 
 EMBEDDINGS = "embeddings.npy"
@@ -80,7 +81,7 @@ def encode_corpus(
         block_size: texts per written, resumable block.
         model_tag: identifies the model weights in the fingerprint (e.g. its path and a step number).
         prompt_name: the model prompt to use (e.g. ``"document"``), if any.
-        show_progress: show a progress bar over documents.
+        show_progress: show a progress bar over documents (moving per batch; ``--quiet`` overrides it).
         on_block: called with the block number after each block is durably written (tests use it to interrupt).
 
     Returns:
@@ -106,9 +107,15 @@ def encode_corpus(
     else:
         matrix = np.load(emb_path, mmap_mode="r+")
     remaining = sum(len(b) for n, b in enumerate(blocks) if n not in done)
-    bar = tqdm(
-        total=len(texts), initial=len(texts) - remaining, disable=not show_progress, desc="encode corpus"
+    bar = progress_bar(
+        total=len(texts),
+        initial=len(texts) - remaining,
+        desc="encode corpus",
+        unit="doc",
+        enabled=progress_enabled(show_progress),
     )
+    # the bar moves per batch when the model reports batches (Encoder / OnnxEncoder), else per block
+    per_batch = {"on_batch": bar.update} if "on_batch" in inspect.signature(model.encode).parameters else {}
     for number, rows in enumerate(blocks):
         if number in done:
             continue
@@ -118,11 +125,13 @@ def encode_corpus(
             batch_size=batch_size,
             prompt_name=prompt_name,
             show_progress=False,
+            **per_batch,
         )
         matrix.flush()
         done.add(number)
         _save_progress(out, tag, block_size, len(blocks), done)
-        bar.update(len(rows))
+        if not per_batch:
+            bar.update(len(rows))
         if on_block is not None:
             on_block(number)
     bar.close()

@@ -28,8 +28,8 @@ class DynamicWeights:
     Example:
         >>> dw = DynamicWeights([1.0, 1.0], every=2, smoothing=0.5)
         >>> dw.observe(0, 3.0); dw.observe(1, 1.0)
-        >>> dw.step(1) is None, dw.step(2)["weights"]
-        (True, [0.625, 0.375])
+        >>> dw.step(1) is None, dw.step(2)["task_weights"]
+        (True, {'0': 0.625, '1': 0.375})
     """
 
     def __init__(
