@@ -71,7 +71,13 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--resume", action="store_true", default=None, help="continue from the last checkpoint"
     )
-    parser.add_argument("--quiet", action="store_true", default=None, help="no progress bar")
+    parser.add_argument(
+        "--keep-training-state",
+        action="store_true",
+        default=None,
+        help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later",
+    )
+    parser.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
     parser.set_defaults(func=run_train)
 
 
@@ -98,6 +104,8 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             values[key] = getattr(args, key)
     if args.loss_option:
         values["loss_options"] = {**values.get("loss_options", {}), **parse_options(args.loss_option)}
+    if args.keep_training_state is not None:
+        values["keep_training_state"] = args.keep_training_state
     spec = spec_from_dict(values, source=path or "command line")
     summary = run(spec)
     return {"output": spec.config.output, **summary}

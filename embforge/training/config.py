@@ -45,6 +45,7 @@ class TrainConfig:
     dynamic_weights_relative: bool = False
     resume: bool = False
     quiet: bool = False
+    keep_training_state: bool = False  # keep checkpoints/ after the run (embforge.training.artifacts)
     mini_batch_size: int = 0
     gradient_checkpointing: bool = False
 
