@@ -59,7 +59,7 @@ def test_header_jsonl_parquet_and_mapping(tmp_path):
         (
             "bad.jsonl",
             '{"text": "a", "label": 1}\n{"text": "b",\n',
-            r"bad\.jsonl:2: column \d+: invalid JSON",
+            r"bad\.jsonl:2:\d+: invalid JSON",
         ),
         ("null.jsonl", '{"text": null, "label": 1}\n', r"null\.jsonl:1: column 'text': missing value"),
     ],

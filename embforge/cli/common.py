@@ -38,8 +38,16 @@ def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", requ
     parser.add_argument(
         "--columns",
         default=None,
-        help="map source columns to standard names, e.g. '0=sentence1,1=sentence2,2=score' "
-        "or 'q=anchor,d=positive'",
+        help="map source columns (header names, spaces and '#' allowed, or 0-based positions) to standard "
+        "names, e.g. '0=sentence1,1=sentence2,2=score' or 'Quality=label,#1 String=sentence1,#2 String=sentence2'; "
+        "other columns are ignored",
+    )
+    parser.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the CSV/TSV file has (--header) or has no (--no-header) header row (default: detected from the "
+        "content; names in --columns imply a header)",
     )
 
 

@@ -94,8 +94,10 @@ def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.data.tables import read_table
     from embforge.evaluate.pairs import evaluate_pairs
 
-    data = read_table(args.data, columns=args.columns, label_set=[0, 1])
-    dev = read_table(args.dev, columns=args.columns, label_set=[0, 1]) if args.dev else None
+    data = read_table(args.data, columns=args.columns, header=args.header, label_set=[0, 1])
+    dev = (
+        read_table(args.dev, columns=args.columns, header=args.header, label_set=[0, 1]) if args.dev else None
+    )
     return evaluate_pairs(load_any_model(args.model), data, dev=dev, batch_size=args.batch_size)
 
 
@@ -103,7 +105,7 @@ def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.data.tables import read_table
     from embforge.evaluate.rerank import evaluate_rerank
 
-    data = read_table(args.data, columns=args.columns)
+    data = read_table(args.data, columns=args.columns, header=args.header)
     return evaluate_rerank(
         load_any_model(args.model), data, positives_only=not args.all_queries, batch_size=args.batch_size
     )
@@ -115,7 +117,7 @@ def run_two_stage(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.retrieval.two_stage import evaluate_two_stage
 
-    data = read_table(args.data, columns=args.columns)
+    data = read_table(args.data, columns=args.columns, header=args.header)
     return evaluate_two_stage(
         Encoder.load(args.bi_model),
         CrossEncoder.load(args.cross_model),

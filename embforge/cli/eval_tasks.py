@@ -66,19 +66,21 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_matryoshka)
 
 
-def _load(path: str, columns: str | None, *, label_names: list[str] | None = None) -> Any:
+def _load(
+    path: str, columns: str | None, *, header: bool | None = None, label_names: list[str] | None = None
+) -> Any:
     from embforge.data.tables import read_table
 
-    return read_table(path, columns=columns, label_names=label_names)
+    return read_table(path, columns=columns, header=header, label_names=label_names)
 
 
-def _shared_label_names(*paths: str, columns: str | None) -> list[str] | None:
+def _shared_label_names(*paths: str, columns: str | None, header: bool | None = None) -> list[str] | None:
     """String labels of several files indexed in one sorted order (so train and test ids agree)."""
     from embforge.data.tables import read_table
 
     names: set[str] = set()
     for path in paths:
-        data = read_table(path, columns=columns)
+        data = read_table(path, columns=columns, header=header)
         if data.label_names is None:
             return None
         names |= set(data.label_names)
@@ -89,9 +91,9 @@ def run_classification(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.evaluate.classification import evaluate_classification
 
-    names = _shared_label_names(args.train, args.test, columns=args.columns)
-    train = _load(args.train, args.columns, label_names=names)
-    test = _load(args.test, args.columns, label_names=names)
+    names = _shared_label_names(args.train, args.test, columns=args.columns, header=args.header)
+    train = _load(args.train, args.columns, header=args.header, label_names=names)
+    test = _load(args.test, args.columns, header=args.header, label_names=names)
     return evaluate_classification(Encoder.load(args.model), train, test, batch_size=args.batch_size)
 
 
@@ -99,7 +101,7 @@ def run_clustering(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.evaluate.clustering import evaluate_clustering
 
-    data = _load(args.data, args.columns)
+    data = _load(args.data, args.columns, header=args.header)
     return evaluate_clustering(Encoder.load(args.model), data, batch_size=args.batch_size, seeds=args.seeds)
 
 
@@ -111,24 +113,24 @@ def run_matryoshka(args: argparse.Namespace) -> dict[str, Any]:
     if args.task == "sts":
         from embforge.evaluate.sts import evaluate_sts
 
-        data = _load(args.data, args.columns)
+        data = _load(args.data, args.columns, header=args.header)
         metric, evaluator = "spearman", lambda m: evaluate_sts(m, data, batch_size=args.batch_size)
     elif args.task == "classification":
         from embforge.evaluate.classification import evaluate_classification
 
         if not args.train:
             raise ValueError("--task classification needs --train FILE (the classifier's training data)")
-        names = _shared_label_names(args.train, args.data, columns=args.columns)
+        names = _shared_label_names(args.train, args.data, columns=args.columns, header=args.header)
         train, test = (
-            _load(args.train, args.columns, label_names=names),
-            _load(args.data, args.columns, label_names=names),
+            _load(args.train, args.columns, header=args.header, label_names=names),
+            _load(args.data, args.columns, header=args.header, label_names=names),
         )
         metric = "accuracy"
         evaluator = lambda m: evaluate_classification(m, train, test, batch_size=args.batch_size)  # noqa: E731
     else:
         from embforge.evaluate.clustering import evaluate_clustering
 
-        data = _load(args.data, args.columns)
+        data = _load(args.data, args.columns, header=args.header)
         metric, evaluator = "v_measure", lambda m: evaluate_clustering(m, data, batch_size=args.batch_size)
     result = evaluate_matryoshka(model, evaluator, args.dims, metric=metric)
     label = Path(str(args.model)).name

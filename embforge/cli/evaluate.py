@@ -25,6 +25,6 @@ def run_sts(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.data.tables import read_table
     from embforge.evaluate.sts import evaluate_sts
 
-    data = read_table(args.data, columns=args.columns)
+    data = read_table(args.data, columns=args.columns, header=args.header)
     model = load_any_model(args.model)  # a bi-encoder, or a cross-encoder folder
     return evaluate_sts(model, data, batch_size=args.batch_size)

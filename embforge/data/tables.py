@@ -16,36 +16,40 @@ are header names or 0-based column positions. Every problem names the file, the 
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-TEXT_ORDER = ("sentence1", "sentence2", "anchor", "positive", "text")
-LABEL_NAMES = ("score", "label")
-_NEGATIVE = re.compile(r"^negative(_\d+)?$")
+from embforge.data.columns import (
+    LABEL_NAMES,
+    NEGATIVE,
+    STANDARD_HELP,
+    TEXT_ORDER,
+    as_integer,
+    column_rank,
+    is_text_column,
+    parse_columns,
+    parse_number,
+    standard_mapping,
+    standard_name,
+)
+from embforge.data.delimited import Row, delimited_rows, header_names
+from embforge.files import DataError, read_jsonl
 
-
-class DataError(ValueError):
-    """A problem in an input file; the message starts with ``file:line:``."""
-
-
-def is_text_column(name: str) -> bool:
-    return name in TEXT_ORDER or bool(_NEGATIVE.match(name))
-
-
-def _column_rank(name: str) -> tuple[int, int]:
-    if name in TEXT_ORDER:
-        return (TEXT_ORDER.index(name), 0)
-    match = _NEGATIVE.match(name)
-    assert match is not None
-    return (len(TEXT_ORDER), int(match.group(1)[1:]) if match.group(1) else 0)
+__all__ = [
+    "LABEL_NAMES",
+    "TEXT_ORDER",
+    "DataError",
+    "Dataset",
+    "is_text_column",
+    "parse_columns",
+    "read_table",
+]
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Dataset:
     @property
     def text_columns(self) -> list[str]:
         """Text column names in their canonical order (``sentence1, sentence2`` / ``anchor, positive, negative…``)."""
-        return sorted((c for c in self.columns if is_text_column(c)), key=_column_rank)
+        return sorted((c for c in self.columns if is_text_column(c)), key=column_rank)
 
     @property
     def label_column(self) -> str | None:
@@ -82,7 +86,7 @@ class Dataset:
         """Fail unless every column in ``names`` is present (``negative*`` means at least one negative)."""
         for name in names:
             present = (
-                any(_NEGATIVE.match(c) for c in self.columns) if name == "negative*" else name in self.columns
+                any(NEGATIVE.match(c) for c in self.columns) if name == "negative*" else name in self.columns
             )
             if not present:
                 raise DataError(
@@ -99,21 +103,6 @@ class Dataset:
         )
 
 
-def parse_columns(spec: str | dict[str, str] | None) -> dict[str, str]:
-    """Parse ``"a=sentence1,b=sentence2"`` (or a dict) into a mapping; keys are header names or positions."""
-    if spec is None:
-        return {}
-    if isinstance(spec, dict):
-        return {str(k): v for k, v in spec.items()}
-    mapping = {}
-    for item in spec.split(","):
-        if "=" not in item:
-            raise ValueError(f"--columns item {item!r} must look like SOURCE=STANDARD (e.g. 0=sentence1)")
-        source, target = item.split("=", 1)
-        mapping[source.strip()] = target.strip()
-    return mapping
-
-
 def read_table(
     path: str | os.PathLike,
     *,
@@ -125,122 +114,86 @@ def read_table(
     """Read a CSV, TSV, JSONL or Parquet file into a validated :class:`Dataset`.
 
     Args:
-        path: ``.csv``, ``.tsv``/``.txt`` (tab-separated), ``.jsonl``/``.json`` or ``.parquet``.
-        columns: Mapping from source column (header name or 0-based position) to standard name.
-        header: Whether a CSV/TSV file has a header row; ``None`` detects it (a first row made of known names).
+        path: ``.csv``, ``.tsv``/``.txt``/other (tab-separated), ``.jsonl``/``.json`` (one object per line) or
+            ``.parquet``.
+        columns: Mapping from source column (header name, JSON key or 0-based position) to standard name, as a
+            dict or ``"Quality=label,#1 String=sentence1"``. Unmapped columns are ignored.
+        header: Whether a CSV/TSV file has a header row; ``None`` detects it from the content (see
+            :mod:`embforge.data.delimited`); a mapping that names columns implies one.
         label_set: Allowed integer labels; any other label is an error naming its line.
         label_names: Fixed order for string labels (they become their index); else sorted order.
 
     Raises:
-        DataError: For empty texts, non-numeric or NaN scores, missing columns and ragged rows, naming
-            file, line and column.
+        DataError: ``file:line:`` (and ``column`` where known) for invalid UTF-8, broken quoting or JSON,
+            unknown or duplicate columns, empty texts, non-numeric or non-finite scores, labels that are not
+            labels, ragged rows and a file without rows. For Parquet the number is the row's (1-based).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    mapping = parse_columns(columns)
+    mapping = standard_mapping(columns)
     suffix = path.suffix.lower()
+    rows: Iterator[Row]
     if suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(path, mapping)
     elif suffix == ".parquet":
         rows = _parquet_rows(path, mapping)
     else:
-        rows = _delimited_rows(path, mapping, header, "," if suffix == ".csv" else "\t")
+        rows = delimited_rows(path, mapping, header, "," if suffix == ".csv" else "\t")
     return _validate(path, rows, label_set, label_names)
 
 
-Row = tuple[int, dict[str, str | float | int | None]]
-
-
-def _standard(name: str, mapping: dict[str, str], position: int) -> str | None:
-    """The standard name of a source column, or ``None`` for columns embforge does not use."""
-    target = mapping.get(name, mapping.get(str(position)))
-    if target is None and not mapping:
-        target = name
-    if target is None:
-        return None
-    if not (is_text_column(target) or target in LABEL_NAMES):
-        raise ValueError(
-            f"unknown standard column {target!r}; use sentence1, sentence2, score, anchor, positive, "
-            "negative[_N], text or label"
-        )
-    return target
-
-
-def _guess_names(first: list[str]) -> list[str]:
-    """Names for a headerless file without a mapping, from its width and first row."""
-    if len(first) == 2:
-        return ["anchor", "positive"]
-    if len(first) == 3 and _is_number(first[2]):
-        return ["sentence1", "sentence2", "score"]
-    return ["anchor", "positive"] + [f"negative_{i}" for i in range(1, len(first) - 1)]
-
-
-def _delimited_rows(
-    path: Path, mapping: dict[str, str], header: bool | None, delimiter: str
-) -> Iterator[Row]:
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        if delimiter == ",":
-            reader = csv.reader(handle, delimiter=delimiter)
-        else:  # TSV files quote nothing: a '"' inside a text is part of the text
-            reader = csv.reader(handle, delimiter=delimiter, quoting=csv.QUOTE_NONE)
-        start = 1
-        names: list[str | None] | None = None
-        width = 0
-        for record in reader:
-            line, start = start, reader.line_num + 1
-            if not record or (len(record) == 1 and not record[0].strip()):
-                continue
-            if names is None:
-                width = len(record)
-                has_header = header
-                if has_header is None:
-                    known = {*mapping, *TEXT_ORDER, *LABEL_NAMES}
-                    has_header = all(c.strip() in known or bool(_NEGATIVE.match(c.strip())) for c in record)
-                if has_header:
-                    names = [_standard(c.strip(), mapping, i) for i, c in enumerate(record)]
-                    continue
-                source = mapping or dict(zip(map(str, range(width)), _guess_names(record)))
-                names = [_standard(str(i), source, i) for i in range(width)]
-            if len(record) != width:
-                raise DataError(f"{path}:{line}: expected {width} columns, found {len(record)} (ragged row)")
-            yield line, {n: v for n, v in zip(names, record) if n is not None}
-
-
 def _jsonl_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
-    with path.open(encoding="utf-8-sig") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
+    for line, record in read_jsonl(path):
+        row: dict[str, object] = {}
+        source: dict[str, str] = {}
+        keys = list(record)
+        for i, key in enumerate(keys):
+            target = _json_target(key, i, keys, mapping)
+            if target is None:
+                if not mapping:
+                    raise DataError(
+                        f"{path}:{line}: key {key!r} is not a column embforge knows; say which keys to use with "
+                        f"--columns (e.g. --columns '{key}=text,...'; standard names: {STANDARD_HELP})"
+                    )
                 continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{line}: column {err.colno}: invalid JSON ({err.msg})") from err
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{line}: expected a JSON object, found {type(obj).__name__}")
-            row = {}
-            for i, (key, value) in enumerate(obj.items()):
-                name = _standard(key, mapping, i)
-                if name is not None:
-                    row[name] = value
-            yield line, row
+            if target in row:
+                raise DataError(
+                    f"{path}:{line}: keys {source[target]!r} and {key!r} both map to {target!r}; keep one"
+                )
+            row[target], source[target] = record[key], key
+        yield line, row
+
+
+def _json_target(key: str, position: int, keys: list[str], mapping: dict[str, str]) -> str | None:
+    if not mapping:
+        return standard_name(key)
+    if key in mapping:
+        return mapping[key]
+    folded = [k for k in mapping if k.casefold() == key.casefold() and k not in keys]
+    if len(folded) == 1:
+        return mapping[folded[0]]
+    return mapping.get(str(position))
 
 
 def _parquet_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
     from embforge._optional import require
 
-    table = require("pyarrow.parquet").read_table(path)
-    names = [_standard(c, mapping, i) for i, c in enumerate(table.column_names)]
-    for line, record in enumerate(table.to_pylist(), start=1):
-        yield line, {n: v for n, v in zip(names, record.values()) if n is not None}
-
-
-def _is_number(value: object) -> bool:
+    pq = require("pyarrow.parquet")
+    errors = (require("pyarrow").lib.ArrowException, OSError, ValueError, TypeError, IndexError)
     try:
-        float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
+        parquet = pq.ParquetFile(path)
+        columns = [str(c) for c in parquet.schema_arrow.names]
+    except errors as err:
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    names = header_names(columns, mapping, f"{path}:")
+    try:
+        table = parquet.read()
+        values = {str(names[i]): table.column(i).to_pylist() for i, n in enumerate(names) if n is not None}
+    except errors as err:
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    for row in range(table.num_rows):
+        yield row + 1, {name: column[row] for name, column in values.items()}
 
 
 def _validate(
@@ -276,19 +229,23 @@ def _validate(
 
 def _check_value(path: Path, line: int, name: str, value: object) -> object:
     if name == "score":
-        try:
-            number = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise DataError(f"{path}:{line}: column 'score': {value!r} is not a number") from None
+        number = parse_number(value)
+        if number is None:
+            kind = " (a boolean)" if isinstance(value, bool) else ""
+            raise DataError(f"{path}:{line}: column 'score': {value!r} is not a number{kind}")
         if not math.isfinite(number):
             raise DataError(f"{path}:{line}: column 'score': {value!r} is not a finite number")
         return number
     if name == "label":
-        if isinstance(value, float) and not math.isfinite(value):
-            raise DataError(f"{path}:{line}: column 'label': {value!r} is not a valid label")
-        if isinstance(value, str) and not value.strip():
-            raise DataError(f"{path}:{line}: column 'label': empty label")
-        return value
+        if isinstance(value, str):
+            if not value.strip():
+                raise DataError(f"{path}:{line}: column 'label': empty label")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or as_integer(value) is None:
+            raise DataError(
+                f"{path}:{line}: column 'label': {value!r} is not a valid label (an integer or a class name)"
+            )
+        return as_integer(value)
     if not isinstance(value, str):
         raise DataError(f"{path}:{line}: column {name!r}: expected text, found {type(value).__name__}")
     if not value.strip():
@@ -297,10 +254,23 @@ def _check_value(path: Path, line: int, name: str, value: object) -> object:
 
 
 def _encode_labels(data: Dataset, label_names: Sequence[str] | None) -> tuple[list[int], list[str] | None]:
-    """Integer labels stay integers; string labels become indices into ``label_names`` (given or sorted)."""
-    raw = data.columns["label"]
-    if all(_is_integral(v) for v in raw):
-        return [int(float(v)) for v in raw], None
+    """Integer labels stay integers; class names become indices into ``label_names`` (given or sorted).
+
+    A column of integers with a few words among them (``1_0``, a header read as a row) is an error at the first
+    word, and so is the reverse: the minority kind is the mistake.
+    """
+    raw: list[Any] = data.columns["label"]
+    ints = [as_integer(v) for v in raw]
+    numeric = sum(x is not None for x in ints)
+    if numeric == len(raw):
+        return [int(x) for x in ints if x is not None], None
+    if numeric * 2 >= len(raw):
+        first = next(i for i, x in enumerate(ints) if x is None)
+        example = next(i for i, x in enumerate(ints) if x is not None)
+        raise DataError(
+            f"{data.path}:{data.lines[first]}: column 'label': {raw[first]!r} is not an integer like the other "
+            f"labels (line {data.lines[example]}: {raw[example]!r})"
+        )
     names = list(label_names) if label_names is not None else sorted({str(v) for v in raw})
     index = {name: i for i, name in enumerate(names)}
     encoded = []
@@ -309,15 +279,3 @@ def _encode_labels(data: Dataset, label_names: Sequence[str] | None) -> tuple[li
             raise DataError(f"{data.path}:{line}: column 'label': {value!r} is not one of {names}")
         encoded.append(index[str(value)])
     return encoded, names
-
-
-def _is_integral(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return math.isfinite(number) and number.is_integer()
