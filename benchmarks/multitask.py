@@ -33,7 +33,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from embforge.data.builtin.banking77 import load_banking77
 from embforge.data.builtin.mrpc import load_mrpc
-from embforge.data.builtin.scifact import load_scifact, training_pairs
+from embforge.data.builtin.scifact import load_scifact
+from embforge.data.retrieval import training_pairs
 from embforge.data.builtin.snli_triplets import load_snli_triplets
 from embforge.data.paths import data_root
 from embforge.data.retrieval import RetrievalData
@@ -45,7 +46,8 @@ from embforge.evaluate.matryoshka import TruncatedModel, format_table, plot_matr
 from embforge.evaluate.retrieval import evaluate_retrieval
 from embforge.evaluate.sts import evaluate_sts
 from embforge.losses import get_loss
-from embforge.training.loop import TrainConfig, train
+from embforge.training.config import TrainConfig
+from embforge.training.loop import train
 from embforge.training.tasks import Task
 
 DIMS = [64, 128, 256, 384]

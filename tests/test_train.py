@@ -50,7 +50,7 @@ def test_training_lowers_loss_logs_and_keeps_best(tmp_path, tiny_model_dir, sts_
     assert _batch_loss(model, data, loss) < before
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "eval" in r] == [5, 10, 15, 20]
-    assert summary["best"] == {"step": 20, "value": 4.0}
+    assert summary["best"] == {"step": 20, "metric": "spearman", "value": 4.0}
     assert_same_weights(weights(tmp_path / "out" / "best"), weights(tmp_path / "out"))
 
 

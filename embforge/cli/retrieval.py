@@ -1,5 +1,9 @@
 """``embforge eval retrieval``, ``embforge mine`` and ``embforge index build|search``.
 
+One vocabulary (issue #12): ``--index-kind`` is a kind (exact, flat, hnsw, ivf, ivfpq, pq, qdrant) and ``--index``
+a folder, in every verb. The old spellings (``--index KIND`` in ``eval retrieval`` and ``mine``, ``--kind`` in
+``index build``) still work for this release, with a deprecation note on stderr.
+
 ``--data`` is a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or the SciFact folder
 (``corpus_train.csv``...; splits ``train``, ``dev``, ``all`` — see :mod:`embforge.data.builtin.scifact`).
 """
@@ -11,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embforge.cli.common import add_model_arg, parse_options
+from embforge.cli.common import DeprecatedFlag, add_index_kind_arg, add_model_arg, parse_options
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -19,7 +23,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     add_model_arg(ev)
     _add_data(ev, default_split=None)
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
-    ev.add_argument("--index", default="exact", help="exact, flat, hnsw, ivf, ivfpq or pq (default exact)")
+    add_index_kind_arg(ev, old="--index")
     ev.add_argument("--corpus-cache", default=None, help="folder for resumable corpus embeddings")
     ev.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)")
     ev.add_argument(
@@ -53,7 +57,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--hard-ratio", type=float, default=1.0, help="fraction of hard negatives (rest random)"
     )
     mine.add_argument("--sampling", default="top", help="top or random (among the surviving candidates)")
-    mine.add_argument("--index", default="exact", help="dense search: exact, flat, hnsw, ivf, ivfpq, pq")
+    add_index_kind_arg(mine, old="--index")
     mine.add_argument(
         "--cross-encoder",
         default=None,
@@ -88,16 +92,37 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     build.add_argument(
         "--columns", default=None, help="corpus file column mapping, e.g. 'doc_id=_id,body=text'"
     )
-    build.add_argument("--output", required=True, help="index folder to write")
-    build.add_argument("--kind", default="hnsw", help="exact, flat, hnsw, ivf, ivfpq or pq (default hnsw)")
+    build.add_argument(
+        "--index",
+        "--output",
+        dest="index",
+        required=True,
+        help="index folder to write (replaced if it is one)",
+    )
+    add_index_kind_arg(build)
+    build.add_argument(
+        "--kind", dest="index_kind", action=DeprecatedFlag, new="--index-kind", help=argparse.SUPPRESS
+    )
     build.add_argument("--option", action="append", metavar="NAME=VALUE", help="index option, e.g. m=32")
+    build.add_argument(
+        "--corpus-cache",
+        default=None,
+        metavar="DIR",
+        help="keep the corpus embeddings here (resumable; shared with eval retrieval and mine on the same corpus "
+        "and model); default: a temporary folder",
+    )
     build.add_argument(
         "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
     )
     build.set_defaults(func=run_index_build)
-    search = sub.add_parser("search", help="top-k documents of query texts")
+    search = sub.add_parser("search", help="top-k documents (id, score, text) of query texts")
     add_model_arg(search)
-    search.add_argument("--index", required=True, help="index folder written by 'index build'")
+    search.add_argument("--index", required=True, help="index folder written by 'index build' or the server")
+    search.add_argument(
+        "--allow-model-mismatch",
+        action="store_true",
+        help="search even if the index was built by another model (its vectors will not match)",
+    )
     search.add_argument("--query", action="append", required=True, help="query text (repeatable)")
     search.add_argument("-k", type=int, default=10, help="hits per query (default 10)")
     search.set_defaults(func=run_index_search)
@@ -113,19 +138,15 @@ def load_data(folder: str | None, split: str) -> Any:
     """A BEIR or SciFact folder as :class:`~embforge.data.retrieval.RetrievalData`."""
     if folder is None:
         raise ValueError("--data FOLDER is required (a BEIR folder or the SciFact folder)")
-    root = Path(folder)
-    if (root / "corpus_train.csv").exists():
-        from embforge.data.builtin.scifact import load_scifact
+    from embforge.data.retrieval import load_retrieval_folder
 
-        return load_scifact(split, root=root)
-    from embforge.data.retrieval import load_beir
-
-    return load_beir(root, split=split)
+    return load_retrieval_folder(folder, split)
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import RETRIEVAL_METRICS, evaluate_retrieval
+    from embforge.retrieval.index.registry import check_kind
 
     split = args.split
     if split is None and args.data is not None:
@@ -136,6 +157,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
             f"eval retrieval: evaluating split {split!r} of {args.data} (choose with --split)",
             file=sys.stderr,
         )
+    check_kind(args.index_kind)
     data = load_data(args.data, split)
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
     model = Encoder.load(args.model, max_seq_length=args.max_seq_length)
@@ -144,7 +166,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         data,
         metrics=metrics,
         batch_size=args.batch_size,
-        index=args.index,
+        index=args.index_kind,
         corpus_cache=args.corpus_cache,
         show_progress=True,
     )
@@ -152,8 +174,10 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_mine(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.data.tables import read_table
+    from embforge.retrieval.index.registry import check_kind
     from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
 
+    check_kind(args.index_kind)
     config = MiningConfig(
         method=args.method,
         num_negatives=args.num_negatives,
@@ -164,7 +188,7 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
         max_score=args.max_score,
         hard_ratio=args.hard_ratio,
         sampling=args.sampling,
-        index=args.index,
+        index=args.index_kind,
         batch_size=args.batch_size,
         rescore_depth=args.rescore_depth,
         seed=args.seed,
@@ -194,6 +218,13 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
             )
         rescorer = CrossEncoder.load(args.cross_encoder)
     rows = mine(model, data, config, corpus=corpus, rescorer=rescorer, corpus_cache=args.corpus_cache)
+    if len(rows) == 0:
+        stats = ", ".join(f"{k} {v}" for k, v in config.stats.items())
+        raise ValueError(
+            f"no rows were mined ({stats}): every query lacked {config.num_negatives} negatives that pass the "
+            "filters; loosen --relative-margin/--absolute-margin/--max-score, raise --depth or lower "
+            f"--num-negatives. Nothing was written to {args.output}"
+        )
     path = write_jsonl(rows, args.output)
     return {"output": str(path), **config.stats}
 
@@ -220,31 +251,38 @@ def _any_split(root: Path) -> str:
 
 
 def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
+    """Encode the corpus (resumable through ``--corpus-cache``) and write an index folder in the one format the
+    server opens (:mod:`embforge.serve.store`): vectors, texts, the kind and the model that built it."""
+    import tempfile
     import time
 
     from embforge.encoder import Encoder
     from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
-    from embforge.retrieval.index.registry import create_index
+    from embforge.retrieval.index.registry import check_kind, create_index
+    from embforge.serve.store import DocumentStore, model_identity
 
+    kind, options = check_kind(args.index_kind), parse_options(args.option)
     ids, texts = _corpus(args.data, args.columns)
-    model = Encoder.load(args.model, normalize=True)
-    out = Path(args.output)
+    model = Encoder.load(args.model)
+    create_index(kind, model.dim, **options).close()  # bad options fail here, before the corpus is encoded
     started = time.perf_counter()
-    emb = encode_corpus(
-        model,
-        texts,
-        ids,
-        out.with_name(out.name + ".embeddings"),
-        batch_size=args.batch_size,
-        model_tag=model_fingerprint(model),
-    )
-    encoded = time.perf_counter() - started
-    index = create_index(args.kind, model.dim, **parse_options(args.option))
-    index.add(ids, emb)
-    index.save(out)
+    with tempfile.TemporaryDirectory(prefix="embforge-index-") as scratch:
+        emb = encode_corpus(
+            model,
+            texts,
+            ids,
+            args.corpus_cache or scratch,
+            batch_size=args.batch_size,
+            model_tag=model_fingerprint(model),
+        )
+        encoded = time.perf_counter() - started
+        store = DocumentStore.build(
+            args.index, ids, texts, emb, kind=kind, options=options, model=model_identity(model, args.model)
+        )
+        store.close()
     return {
-        "index": str(out),
-        "kind": args.kind,
+        "index": str(args.index),
+        "kind": kind,
         "documents": len(ids),
         "encode_seconds": encoded,
         "build_seconds": time.perf_counter() - started - encoded,
@@ -253,14 +291,16 @@ def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_index_search(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
-    from embforge.retrieval.index.registry import load_index
+    from embforge.serve.store import DocumentStore, model_identity
 
-    index = load_index(args.index)
-    model = Encoder.load(args.model, normalize=True)
-    scores, ids = index.search(model.encode(args.query), args.k)
-    return {
-        "results": [
-            {"query": q, "hits": [{"id": i, "score": float(s)} for i, s in zip(row_ids, row)]}
-            for q, row_ids, row in zip(args.query, ids, scores)
-        ]
-    }
+    model = Encoder.load(args.model)
+    store = DocumentStore.open(
+        args.index,
+        dim=model.dim,
+        model=model_identity(model, args.model),
+        allow_model_mismatch=args.allow_model_mismatch,
+        read_only=True,
+    )
+    hits = store.search(model.encode(args.query), args.k)
+    store.index.close()
+    return {"results": [{"query": q, "hits": row} for q, row in zip(args.query, hits)]}

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from embforge.data.tables import DataError
+from embforge.data.tables import DataError, Dataset
 
 
 @dataclass
@@ -224,3 +224,30 @@ def _read_qrels(
     if not qrels:
         raise DataError(f"{path}:1: the qrels file has no judgements")
     return qrels
+
+
+def load_retrieval_folder(folder: str | os.PathLike, split: str) -> RetrievalData:
+    """A BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or the SciFact folder."""
+    root = Path(folder)
+    if (root / "corpus_train.csv").exists():
+        from embforge.data.builtin.scifact import load_scifact
+
+        return load_scifact(split, root=root)
+    return load_beir(root, split=split)
+
+
+def training_pairs(data: RetrievalData) -> Dataset:
+    """``anchor, positive`` rows (query text, relevant document text), one per relevant (query, document)."""
+    position = {d: i for i, d in enumerate(data.doc_ids)}
+    documents = data.documents
+    anchors, positives = [], []
+    for qid, text in zip(data.query_ids, data.query_texts):
+        for did, grade in data.qrels.get(qid, {}).items():
+            if grade > 0:
+                anchors.append(text)
+                positives.append(documents[position[did]])
+    return Dataset(
+        data.name or "retrieval",
+        {"anchor": anchors, "positive": positives},
+        list(range(1, len(anchors) + 1)),
+    )

@@ -25,7 +25,9 @@ class EmbeddingLoss(nn.Module):
     - ``min_texts`` / ``max_texts``: how many text columns it accepts;
     - ``needs_labels``: whether a ``score`` or ``label`` column is required;
     - ``repeat_single_text``: feed a one-column data set twice (SimCSE: dropout makes the two views differ);
-    - ``fixed_dim``: the loss owns parameters sized to the embedding (cannot be truncated by Matryoshka).
+    - ``fixed_dim``: the loss owns parameters sized to the embedding (cannot be truncated by Matryoshka);
+    - ``in_batch_negatives``: rows are scored against the other rows of the batch (so the sampler never puts the
+      same text twice in one batch: it would be its own false negative).
     """
 
     name = "loss"
@@ -34,6 +36,7 @@ class EmbeddingLoss(nn.Module):
     needs_labels = False
     repeat_single_text = False
     fixed_dim = False
+    in_batch_negatives = False
 
     def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
         """Turn a whole data set's labels into what ``forward`` expects (called once per task)."""

@@ -24,6 +24,7 @@ class InfoNCELoss(EmbeddingLoss):
     """
 
     name = "infonce"
+    in_batch_negatives = True
 
     def __init__(self, temperature: float = 0.05, symmetric: bool = False) -> None:
         super().__init__()

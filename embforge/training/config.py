@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from embforge.modeling.precision import check_amp
@@ -17,6 +19,11 @@ class TrainConfig:
     ``mini_batch_size`` > 0 runs each micro-step cached (GradCache, :mod:`embforge.training.step`): the batch is
     embedded that many texts at a time, with the loss and gradients of the whole batch. ``gradient_checkpointing``
     recomputes each layer in the backward pass instead of storing its activations.
+
+    Under ``torchrun`` ``batch_size`` is the global batch, split across the ranks. ``gather_negatives`` (default)
+    all-gathers the embeddings so that every loss sees the global batch (in-batch negatives from every rank; the
+    same gradients as one process); ``False`` gives each rank the loss of its own rows
+    (:mod:`embforge.training.distributed`).
     """
 
     output: str = "output"
@@ -36,7 +43,7 @@ class TrainConfig:
     log_every: int = 10
     group_by_length: bool = False
     chunk_tokens: int | None = None
-    metric: str = "spearman"
+    metric: str | None = None  # None: the evaluator's main metric (primary_metric)
     device: str = "auto"
     sampling: str = "epoch"
     sampling_alpha: float = 0.5
@@ -48,6 +55,7 @@ class TrainConfig:
     keep_training_state: bool = False  # keep checkpoints/ after the run (embforge.training.artifacts)
     mini_batch_size: int = 0
     gradient_checkpointing: bool = False
+    gather_negatives: bool = True  # torchrun: each rank's loss is the global batch's (distributed.py)
 
     def __post_init__(self) -> None:
         if self.mini_batch_size < 0:
@@ -60,3 +68,22 @@ class TrainConfig:
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
         check_amp(self.amp)
+
+
+def planned_steps(sizes: Sequence[int], config: TrainConfig) -> int:
+    """Optimiser steps of a run over tasks of ``sizes`` rows: ``max_steps``, else ``epochs`` passes over every
+    task in batches of ``batch_size`` with ``grad_accum`` batches per step. The one count every schedule uses
+    (learning rate, hard-negative ratio)."""
+    if config.max_steps:
+        return config.max_steps
+    batches_per_epoch = sum(math.ceil(n / config.batch_size) for n in sizes)
+    return max(1, math.ceil(config.epochs * batches_per_epoch / config.grad_accum))
+
+
+def primary_metric(metrics: Mapping[str, float]) -> str | None:
+    """The metric that picks the best checkpoint when none is set: Spearman, else NDCG@10, else accuracy, else
+    the first one reported."""
+    for name in ("spearman", "ndcg@10", "accuracy"):
+        if name in metrics:
+            return name
+    return next(iter(metrics), None)

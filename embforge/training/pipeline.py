@@ -37,44 +37,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embforge.data.builtin import DATASETS, load_builtin
+from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
-from embforge.training.loop import TrainConfig, train
-from embforge.training.run import load_toml
+from embforge.training.config import TrainConfig
+from embforge.training.loop import train
+from embforge.training.run import load_toml, make_loss
 from embforge.training.tasks import Task
+
+
+@dataclass
+class _Dim:
+    """What :func:`~embforge.training.run.make_loss` needs of a bi-encoder before one is loaded: its size."""
+
+    dim: int
 
 
 class PipelineError(ValueError):
     """A problem in a pipeline file; the message names the file, stage, task and field."""
 
 
-def _dataset(name: str, split: str) -> Any:
-    """A built-in data set by name (lazily imported loaders)."""
-    if name == "scifact":
-        from embforge.data.builtin.scifact import load_scifact
-
-        return load_scifact(split)  # RetrievalData: training pairs, or mined with qrels
-    if name == "snli-triplets":
-        from embforge.data.builtin.snli_triplets import load_snli_triplets
-
-        return load_snli_triplets(split)
-    if name == "stsb":
-        from embforge.data.builtin.stsb import load_stsb
-
-        return load_stsb(split)
-    if name == "banking77":
-        from embforge.data.builtin.banking77 import load_banking77
-
-        return load_banking77(split)
-    if name == "mrpc":
-        from embforge.data.builtin.mrpc import load_mrpc
-
-        return load_mrpc(split)
-    raise KeyError(name)
-
-
-DATASETS = ("scifact", "snli-triplets", "stsb", "banking77", "mrpc")
 _TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit"}
 _TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages"}
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"output", "resume", "max_steps"}
@@ -188,7 +172,7 @@ def _load_source(spec: TaskSpec, pipeline: Pipeline, where: str) -> Any:
     name, _, split = spec.data.partition(":")
     if name in DATASETS:
         try:
-            return _dataset(name, split or "train")
+            return load_builtin(name, split or "train")
         except (ValueError, FileNotFoundError) as err:
             raise PipelineError(f"{where}: field 'data' = {spec.data!r}: {err}") from None
     path = Path(spec.data)
@@ -208,8 +192,6 @@ def _as_training_rows(source: Any) -> Dataset:
     from embforge.data.retrieval import RetrievalData
 
     if isinstance(source, RetrievalData):
-        from embforge.data.builtin.scifact import training_pairs
-
         return training_pairs(source)
     return source
 
@@ -218,7 +200,6 @@ def build_stage_tasks(
     stage: Stage, index: int, pipeline: Pipeline, *, dim: int, model: Any = None, workdir: Path | None = None
 ) -> list[Task]:
     """Load a stage's data and losses, validating each task (and mining if asked, when ``model`` is given)."""
-    from embforge.losses import get_loss
 
     where_stage = f"{pipeline.source}: stage {index} ({stage.name!r})"
     if stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
@@ -233,16 +214,14 @@ def build_stage_tasks(
         data = _as_training_rows(source)
         if spec.limit is not None:
             data = data.subset(list(range(min(spec.limit, len(data)))))
-        labels = data.labels()
-        num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
         try:
-            loss = get_loss(
+            loss = make_loss(
                 spec.loss,
-                dim=dim,
-                num_labels=num_labels,
+                model=model if model is not None else _Dim(dim),
+                data=data,
+                options=spec.options,
                 matryoshka_dims=stage.matryoshka_dims,
                 matryoshka_weights=stage.matryoshka_weights,
-                **spec.options,
             )
         except ValueError as err:
             raise PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}") from None

@@ -291,7 +291,7 @@ def retrieval_training(
     Returns ``(all tasks, refresher hook or None)``.
     """
     if num_negatives == 0:
-        from embforge.data.builtin.scifact import training_pairs
+        from embforge.data.retrieval import training_pairs
 
         return [*other_tasks, Task(data.name or "retrieval", training_pairs(data), loss)], None
     mining = MiningConfig(method=method, num_negatives=num_negatives, relative_margin=0.05)

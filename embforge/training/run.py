@@ -1,7 +1,8 @@
 """A training run described by data: which model, which files and loss, which hyper-parameters.
 
-The CLI and TOML files build a :class:`RunSpec`; :func:`run` turns it into an encoder, tasks and an evaluator and
-calls :func:`embforge.training.loop.train`.
+The CLI and TOML files build a :class:`RunSpec`; :func:`run` turns it into a model, tasks and an evaluator and
+calls :func:`embforge.training.loop.train`. :func:`make_loss` and :func:`make_evaluator` are the one place that
+builds losses and evaluators — multi-stage pipelines (:mod:`embforge.training.pipeline`) use them too.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embforge.data.tables import read_table
+from embforge.data.retrieval import training_pairs
+from embforge.data.tables import Dataset, read_table
 from embforge.modeling.resolve import DEFAULT_MODEL
-from embforge.training.loop import TrainConfig, train
+from embforge.training.config import TrainConfig, planned_steps
+from embforge.training.loop import train
 from embforge.training.tasks import Task
 
 if sys.version_info >= (3, 11):
@@ -30,7 +33,7 @@ class RunSpec:
     model: str = DEFAULT_MODEL
     train: list[str] = field(default_factory=list)
     eval: str | None = None
-    loss: str = "cosent"
+    loss: str | None = None  # None: infonce for retrieval runs, cosent otherwise (resolved_loss)
     loss_options: dict[str, Any] = field(default_factory=dict)
     columns: str | dict[str, str] | None = None
     matryoshka_dims: list[int] | None = None
@@ -73,24 +76,72 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.load(handle)
 
 
-def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
-    """One task per training file, all with the spec's loss."""
+def make_loss(
+    name: str,
+    *,
+    model: Any,
+    data: Dataset,
+    options: dict[str, Any] | None = None,
+    matryoshka_dims: list[int] | None = None,
+    matryoshka_weights: list[float] | None = None,
+) -> Any:
+    """The loss ``name`` for ``model``: a cross-encoder loss for a cross-encoder, an embedding loss otherwise.
+
+    The number of classes (``softmax``, ``prototype``) comes from the data's integer labels.
+    """
+    options = dict(options or {})
+    if is_cross_encoder(model):
+        from embforge.losses.cross import get_cross_loss
+
+        if matryoshka_dims:
+            raise ValueError("matryoshka_dims applies to bi-encoders only; drop it with a cross-encoder")
+        return get_cross_loss(name, **options)
     from embforge.losses import get_loss
 
+    labels = data.labels()
+    num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
+    return get_loss(
+        name,
+        dim=model.dim,
+        num_labels=num_labels,
+        matryoshka_dims=matryoshka_dims,
+        matryoshka_weights=matryoshka_weights,
+        **options,
+    )
+
+
+def is_cross_encoder(model: Any) -> bool:
+    """Whether ``model`` scores pairs (a :class:`~embforge.cross_encoder.CrossEncoder`)."""
+    return hasattr(model, "score_ids")
+
+
+def make_evaluator(path: str, model: Any, *, columns: str | dict[str, str] | None = None) -> Any:
+    """``model -> metrics`` for an evaluation file: STS correlations for scored pairs, pair classification
+    (accuracy, F1, AP, Spearman) for 0/1 labels of a cross-encoder."""
+    from embforge.evaluate.sts import evaluate_sts
+
+    data = read_table(path, columns=columns)
+    if is_cross_encoder(model) and data.label_column == "label":
+        from embforge.evaluate.pairs import evaluate_pairs
+
+        return lambda m: evaluate_pairs(m, data)
+    return lambda m: evaluate_sts(m, data)
+
+
+def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
+    """One task per training file, all with the spec's loss."""
     if not spec.train:
         raise ValueError("no training data: pass --train FILE (or train = [...] in the config file)")
     tasks = []
     for path in spec.train:
         data = read_table(path, columns=spec.columns)
-        labels = data.labels()
-        num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
-        loss = get_loss(
-            spec.loss,
-            dim=model.dim,
-            num_labels=num_labels,
+        loss = make_loss(
+            resolved_loss(spec),
+            model=model,
+            data=data,
+            options=spec.loss_options,
             matryoshka_dims=spec.matryoshka_dims,
             matryoshka_weights=spec.matryoshka_weights,
-            **spec.loss_options,
         )
         task = Task(Path(path).stem, data, loss)
         task.validate()
@@ -98,46 +149,65 @@ def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
     return tasks
 
 
-def run(spec: RunSpec) -> dict[str, Any]:
-    """Load the model, build tasks and the evaluator, train, and return the training summary."""
-    from embforge.encoder import Encoder
-    from embforge.evaluate.sts import sts_evaluator
+def resolved_loss(spec: RunSpec) -> str:
+    """The loss a run trains with: ``spec.loss``, else ``infonce`` for retrieval runs and ``cosent`` otherwise."""
+    if spec.loss is not None:
+        return spec.loss
+    return "infonce" if spec.retrieval_train else "cosent"
 
-    if spec.model_type not in ("bi", "cross"):
-        raise ValueError(f"model_type must be 'bi' or 'cross', got {spec.model_type!r}")
+
+def load_model(spec: RunSpec) -> Any:
+    """The model a run starts from: a bi-encoder, or a cross-encoder (a new one-logit head on a bi-encoder)."""
     if spec.model_type == "cross":
-        from embforge.training.cross import run_cross
+        from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
 
-        return run_cross(spec)
+        num_labels = None
+        if not is_cross_encoder_folder(spec.model):
+            num_labels = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
+        return CrossEncoder.load(spec.model, num_labels=num_labels, max_seq_length=spec.max_seq_length)
+    if spec.model_type != "bi":
+        raise ValueError(f"model_type must be 'bi' or 'cross', got {spec.model_type!r}")
+    from embforge.encoder import Encoder
+
     model = Encoder.load(spec.model, max_seq_length=spec.max_seq_length)
     if spec.matryoshka_dims and max(spec.matryoshka_dims) > model.dim:
         raise ValueError(
             f"matryoshka_dims: {max(spec.matryoshka_dims)} is larger than the model's dimension {model.dim}"
         )
+    return model
+
+
+def run(spec: RunSpec) -> dict[str, Any]:
+    """Load the model, build tasks and the evaluator, train, and return the training summary.
+
+    What is trained is printed to stderr (model, tasks with rows and loss, evaluation metric), so no default
+    is applied silently.
+    """
+    model = load_model(spec)
     tasks = build_tasks(spec, model) if spec.train or not spec.retrieval_train else []
-    evaluator = sts_evaluator(read_table(spec.eval, columns=spec.columns)) if spec.eval else None
+    evaluator = make_evaluator(spec.eval, model, columns=spec.columns) if spec.eval else None
     refresher = None
     if spec.retrieval_train:
         tasks, refresher, retrieval_eval = _retrieval_setup(spec, model, tasks)
         evaluator = retrieval_eval or evaluator
+    if not spec.config.quiet:
+        described = ", ".join(f"{t.name} ({len(t.data)} rows, loss {t.loss.name})" for t in tasks)
+        print(f"train: {spec.model} ({spec.model_type}-encoder) on {described}", file=sys.stderr)
     return train(model, tasks, spec.config, evaluator=evaluator, refresher=refresher)
 
 
 def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list[Task], Any, Any]:
     """Mined-negative retrieval task (+ ANCE refresh hook, + retrieval evaluator) from ``spec.retrieval_*``."""
-    import math
-
-    from embforge.cli.retrieval import load_data
+    from embforge.data.retrieval import load_retrieval_folder
     from embforge.evaluate.retrieval import retrieval_evaluator
-    from embforge.losses import get_loss
     from embforge.training.refresh import retrieval_training
 
-    data = load_data(spec.retrieval_train, spec.retrieval_split)
+    assert spec.retrieval_train is not None
+    data = load_retrieval_folder(spec.retrieval_train, spec.retrieval_split)
     rows = sum(1 for rel in data.qrels.values() for grade in rel.values() if grade > 0)
-    steps = spec.config.max_steps or math.ceil(
-        spec.config.epochs * math.ceil(rows / spec.config.batch_size) / spec.config.grad_accum
-    )
-    loss = get_loss("infonce" if spec.loss == "cosent" else spec.loss, dim=model.dim, **spec.loss_options)
+    steps = planned_steps([len(t.data) for t in tasks] + [rows], spec.config)
+    pairs = training_pairs(data)
+    loss = make_loss(resolved_loss(spec), model=model, data=pairs, options=spec.loss_options)
     tasks, refresher = retrieval_training(
         model,
         data=data,
@@ -154,7 +224,5 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
     )
     evaluator = None
     if spec.retrieval_eval_split:
-        evaluator = retrieval_evaluator(load_data(spec.retrieval_train, spec.retrieval_eval_split))
-        if spec.config.metric == "spearman":
-            spec.config.metric = "ndcg@10"
+        evaluator = retrieval_evaluator(load_retrieval_folder(spec.retrieval_train, spec.retrieval_eval_split))
     return tasks, refresher, evaluator

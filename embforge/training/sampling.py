@@ -238,18 +238,9 @@ def epoch_plan(
 
 
 def uses_in_batch_negatives(loss: Any) -> bool:
-    """Whether a loss scores each row against the other rows of its batch (so duplicates are false negatives).
-
-    A loss says so with an ``in_batch_negatives`` attribute; wrappers (Matryoshka) are looked through, and
-    InfoNCE-family losses count by default.
-    """
-    from embforge.losses.infonce import InfoNCELoss
-
-    inner = getattr(loss, "inner", None)
-    if inner is not None:
-        return uses_in_batch_negatives(inner)
-    flag = getattr(loss, "in_batch_negatives", None)
-    return bool(flag) if flag is not None else isinstance(loss, InfoNCELoss)
+    """Whether a loss scores each row against the other rows of its batch (its ``in_batch_negatives`` flag;
+    see :class:`embforge.losses.base.EmbeddingLoss`), so duplicates in a batch are false negatives."""
+    return bool(getattr(loss, "in_batch_negatives", False))
 
 
 def row_texts(columns: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:

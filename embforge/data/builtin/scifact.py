@@ -89,20 +89,3 @@ def load_scifact(split: str = "dev", *, root: str | os.PathLike | None = None) -
     return RetrievalData(
         doc_ids, texts, query_ids, [claims[q] for q in query_ids], qrels, titles, name=f"scifact/{split}"
     )
-
-
-def training_pairs(data: RetrievalData) -> Dataset:
-    """``anchor, positive`` rows (query text, relevant document text), one per relevant (query, document)."""
-    position = {d: i for i, d in enumerate(data.doc_ids)}
-    documents = data.documents
-    anchors, positives = [], []
-    for qid, text in zip(data.query_ids, data.query_texts):
-        for did, grade in data.qrels.get(qid, {}).items():
-            if grade > 0:
-                anchors.append(text)
-                positives.append(documents[position[did]])
-    return Dataset(
-        f"scifact:{data.name}",
-        {"anchor": anchors, "positive": positives},
-        list(range(1, len(anchors) + 1)),
-    )
