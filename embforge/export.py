@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge._optional import require
+from embforge.modeling.decoder import backbone_hidden
+from embforge.modeling.lora import merge_lora, uses_adapters
 from embforge.modeling.pooling import pool
 from embforge.modeling.resolve import resolve_model_path
 
@@ -77,7 +79,7 @@ class BiEncoderGraph(nn.Module):
         self.dim = dim
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = backbone_hidden(self.backbone, input_ids, attention_mask)  # decoders: real-token positions
         emb = pool(hidden, attention_mask, self.pooling).float()
         if self.dim is not None:
             emb = emb[:, : self.dim]
@@ -221,6 +223,8 @@ def _export_bi_encoder(
     from embforge.modeling.onnx_runtime import OnnxEncoder
 
     encoder = Encoder.load(source)
+    if uses_adapters(encoder.backbone):  # a LoRA folder: the graph gets the merged weights
+        merge_lora(encoder)
     if dim is not None and not 0 < dim <= encoder.dim:
         raise ValueError(f"dim must be between 1 and the model's dimension {encoder.dim}, got {dim}")
     _eager(encoder.backbone)
@@ -243,6 +247,7 @@ def _export_bi_encoder(
         "max_seq_length": encoder.max_seq_length,
         "prompts": encoder.prompts,
         "default_prompt_name": encoder.default_prompt_name,
+        "append_token_id": encoder.append_token_id,  # decoders: end-of-text token put after every text
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
         "opset": 17,
@@ -281,6 +286,8 @@ def _export_cross_encoder(
     from embforge.modeling.onnx_runtime import OnnxCrossEncoder
 
     ce = CrossEncoder.load(source)
+    if uses_adapters(ce.model):  # a LoRA folder: the graph gets the merged weights
+        merge_lora(ce)
     _eager(ce.model)
     enc = ce.tokenizer(
         ["a query", "another query"],

@@ -92,6 +92,7 @@ class OnnxEncoder(PromptTokenizing):
         self.max_seq_length: int = int(meta["max_seq_length"])
         self.prompts: dict[str, str] = dict(meta.get("prompts") or {})
         self.default_prompt_name: str | None = meta.get("default_prompt_name")
+        self.append_token_id: int | None = meta.get("append_token_id")  # decoders (modeling/decoder.py)
         self._inputs = {i.name for i in session.get_inputs()}
 
     @classmethod

@@ -7,12 +7,17 @@ from typing import Any
 
 
 class PromptTokenizing:
-    """Mixin: needs ``tokenizer``, ``max_seq_length``, ``prompts`` and ``default_prompt_name`` attributes."""
+    """Mixin: needs ``tokenizer``, ``max_seq_length``, ``prompts`` and ``default_prompt_name`` attributes.
+
+    ``append_token_id`` (decoder embedders, see :func:`embforge.modeling.decoder.eos_to_append`): a token id put
+    at the end of every text (within ``max_seq_length``) for last-token pooling; ``None`` appends nothing.
+    """
 
     tokenizer: Any
     max_seq_length: int
     prompts: dict[str, str]
     default_prompt_name: str | None
+    append_token_id: int | None = None
 
     def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
         """The prefix to put before every text: an explicit ``prompt``, a named one, or the default."""
@@ -30,15 +35,18 @@ class PromptTokenizing:
         """Token ids of each text (with special tokens, truncated to ``max_seq_length``, not padded)."""
         if prefix:
             texts = [prefix + t for t in texts]
+        append = self.append_token_id
         out = self.tokenizer(
             list(texts),
             truncation=True,
-            max_length=self.max_seq_length,
+            max_length=self.max_seq_length - (append is not None),
             padding=False,
             return_attention_mask=False,
             return_token_type_ids=False,
         )
-        return out["input_ids"]
+        if append is None:
+            return out["input_ids"]
+        return [[*ids, append] for ids in out["input_ids"]]
 
     @property
     def pad_token_id(self) -> int:
