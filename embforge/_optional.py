@@ -22,6 +22,7 @@ _EXTRAS = {
     "pyarrow.parquet": "parquet",
     "qdrant_client": "qdrant",
     "mteb": "mteb",
+    "peft": "peft",
 }
 
 

@@ -43,6 +43,10 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--refresh-negatives-every", "refresh_negatives_every", int, "re-mine with current model every N steps"),
     ("--hard-ratio-start", "hard_ratio_start", float, "hard-negative ratio at the start (default 0.3)"),
     ("--hard-ratio-end", "hard_ratio_end", float, "hard-negative ratio at the end (default 0.9)"),
+    ("--lora-r", "lora_r", int, "train rank-R LoRA adapters, not all weights (embforge[peft])"),
+    ("--lora-alpha", "lora_alpha", float, "LoRA scaling numerator (default 2 x rank)"),
+    ("--lora-dropout", "lora_dropout", float, "dropout on the LoRA adapters' input (default 0)"),
+    ("--lora-targets", "lora_targets", str, "modules to adapt: q_proj,v_proj ... (default all-linear)"),
 ]
 
 
@@ -77,6 +81,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         default=None,
         help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later",
     )
+    parser.add_argument(
+        "--merge-lora",
+        action="store_true",
+        default=None,
+        help="fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder)",
+    )
     parser.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
     parser.set_defaults(func=run_train)
 
@@ -99,7 +109,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     for _, key, _, _ in _FLAGS:
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
-    for key in ("train", "matryoshka_dims", "group_by_length", "resume", "quiet"):
+    for key in ("train", "matryoshka_dims", "group_by_length", "resume", "quiet", "merge_lora"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     if args.loss_option:

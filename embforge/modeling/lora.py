@@ -142,15 +142,15 @@ def apply_lora(
     if uses_adapters(module):
         raise ValueError("this model already has adapters; merge them (merge_lora) before adding new ones")
     target_modules = _targets(targets)
-    exclude = None
-    if task_type is None and target_modules == ALL_LINEAR:  # a bi-encoder never reads BERT's pooler
-        exclude = [name for name, _ in module.named_modules() if name.endswith("pooler.dense")] or None
+    names = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    if task_type is None and target_modules == ALL_LINEAR and any(n.endswith("pooler.dense") for n in names):
+        # a bi-encoder never reads BERT's pooler: every linear layer but that one, by full name
+        target_modules = [n for n in names if not n.endswith("pooler.dense")]
     config = peft.LoraConfig(
         r=r,
         lora_alpha=alpha if alpha is not None else 2 * r,
         lora_dropout=dropout,
         target_modules=target_modules,
-        exclude_modules=exclude,
         task_type=task_type,
     )
     setattr(model, attr, peft.get_peft_model(module, config))
