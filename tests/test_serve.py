@@ -158,7 +158,7 @@ def test_search_finds_documents_by_their_text_and_survives_a_restart(tiny_encode
     from embforge.serve.store import DocumentStore
 
     folder = tmp_path / "index"
-    store = DocumentStore.open(folder, dim=tiny_encoder.dim, index=kind)
+    store = DocumentStore.open(folder, dim=tiny_encoder.dim, kind=kind)
     with client_for(tiny_encoder, store=store) as client:
         added = client.post("/index/documents", json={"documents": DOCS})
         assert added.json() == {"added": 4, "total": 4}
@@ -295,7 +295,9 @@ def test_real_uvicorn_on_loopback_with_graceful_shutdown(tiny_encoder, tmp_path:
 
     worker = threading.Thread(target=in_flight)
     worker.start()
-    time.sleep(0.1)
+    deadline = time.time() + 10
+    while not server.server_state.tasks and time.time() < deadline:  # the request is being served
+        time.sleep(0.01)
     server.should_exit = True
     worker.join(20)
     thread.join(20)
@@ -356,7 +358,9 @@ def test_cli_serve_passes_its_options_to_the_server(monkeypatch: pytest.MonkeyPa
         "http://q:6333",
     ]
     assert main([*argv, "--api-key", "k", "--max-batch-size", "8", "--truncate"]) == 0
-    assert seen["model"] == "m" and seen["index_kind"] == "qdrant" and seen["qdrant_url"] == "http://q:6333"
+    assert seen["model"] == "m" and seen["index_kind"] == "qdrant"
+    assert seen["index_options"] == {"url": "http://q:6333"} and seen["allow_model_mismatch"] is False
     assert seen["host"] == "127.0.0.1" and seen["port"] == 8080
     config = seen["config"]
     assert (config.api_key, config.max_batch_size, config.truncate) == ("k", 8, True)
+    assert (config.header_timeout_s, config.max_connections, config.reranker_name) == (10.0, 1024, None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from embforge.modeling.precision import AMP_SETTINGS
@@ -71,3 +73,45 @@ def parse_options(items: list[str] | None) -> dict[str, Any]:
 
 def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of an option, kept for one release: stores into the new option's ``dest`` and says on
+    stderr which spelling replaces it (``new``)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"embforge: {option_string} is deprecated and will be removed in the next release; use {self.new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_index_kind_arg(
+    parser: argparse.ArgumentParser, *, old: str | None = None, default: str | None = "exact"
+) -> None:
+    """``--index-kind KIND`` (one vocabulary: ``--index-kind`` is a kind, ``--index`` a folder, everywhere), and
+    ``old``, the deprecated spelling this verb used to have."""
+    from embforge.retrieval.index.registry import INDEX_KINDS
+
+    kinds = ", ".join(INDEX_KINDS)
+    parser.add_argument(
+        "--index-kind",
+        default=default,
+        metavar="KIND",
+        help=f"vector index: {kinds} (default: {default or 'an existing folder keeps its own; else exact'})",
+    )
+    if old:
+        parser.add_argument(
+            old, dest="index_kind", action=DeprecatedFlag, new="--index-kind", help=argparse.SUPPRESS
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_model_arg
+from embforge.cli.common import add_index_kind_arg, add_model_arg, parse_options
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -17,12 +17,20 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--reranker", default=None, help="cross-encoder folder (or its ONNX export) for /rerank"
     )
     parser.add_argument(
-        "--index", default=None, help="folder of the searchable documents (created if missing)"
+        "--index",
+        default=None,
+        metavar="DIR",
+        help="index folder for /search and /index/documents: one written by 'embforge index build', or a new "
+        "one the server starts",
+    )
+    add_index_kind_arg(parser, default=None)
+    parser.add_argument(
+        "--index-option", action="append", metavar="NAME=VALUE", help="option of a new index, e.g. m=32"
     )
     parser.add_argument(
-        "--index-kind",
-        default="exact",
-        help="index backend for a new --index folder: exact, flat, hnsw, ivf, ivfpq, pq (FAISS) or qdrant",
+        "--allow-model-mismatch",
+        action="store_true",
+        help="serve an index built by another model (refused by default: its vectors would not match)",
     )
     parser.add_argument(
         "--backend", choices=("torch", "onnx"), default="torch", help="onnx: --model is an export"
@@ -63,6 +71,19 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="CPU threads of the model (default: torch/onnxruntime's own)",
     )
     parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's head (408)",
+    )
+    parser.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds a client has to send a request's body"
+    )
+    parser.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle connection is kept")
+    parser.add_argument(
+        "--max-connections", type=int, default=1024, help="most open connections (503 and closed beyond)"
+    )
+    parser.add_argument(
         "--log-level", default="info", help="uvicorn log level: debug, info, warning, error (default info)"
     )
     parser.set_defaults(func=run_serve)
@@ -82,13 +103,22 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key,
         request_timeout_s=args.timeout,
+        reranker_name=args.reranker,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keep_alive_s=args.keep_alive,
+        max_connections=args.max_connections,
     )
+    options = parse_options(args.index_option)
+    if args.qdrant_url:
+        options["url"] = args.qdrant_url
     serve(
         args.model,
         reranker=args.reranker,
         index=args.index,
         index_kind=args.index_kind,
-        qdrant_url=args.qdrant_url,
+        index_options=options or None,
+        allow_model_mismatch=args.allow_model_mismatch,
         backend=args.backend,
         host=args.host,
         port=args.port,

@@ -2,8 +2,10 @@
 
 Endpoints: ``POST /v1/embeddings``, ``POST /rerank``, ``POST /similarity``, ``POST /search``,
 ``POST /index/documents``, ``GET /health``, ``GET /metrics``. Model calls go through :class:`MicroBatcher` so
-concurrent requests share batches. Errors are JSON ``{"error": {"message", "type", "param"}}`` with a 4xx status
-naming the offending field; the server keeps serving after any of them.
+concurrent requests share batches. Every input is checked before it joins a batch (a lone surrogate or a NaN is a
+422 naming the field and index), and a batch that still fails is split so only the request that broke it fails.
+Errors are JSON ``{"error": {"message", "type", "param"}}`` with a 4xx status naming the offending field; the
+server keeps serving (and keeps the connection alive) after any of them, 500s included.
 
 Example:
     >>> from embforge.encoder import Encoder
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -24,15 +27,15 @@ import numpy as np
 from embforge._optional import require
 from embforge.serve.batcher import MicroBatcher
 from embforge.serve.config import ServeConfig
-from embforge.serve.middleware import ApiError, Gatekeeper, error_body, validation_message
+from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_value, validation_message
 from embforge.serve.prometheus import Metrics
-from embforge.serve.store import DocumentStore
+from embforge.serve.store import DocumentStore, DuplicateIdError
 
 require("fastapi")
 orjson = require("orjson")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
-from fastapi.responses import JSONResponse, PlainTextResponse, Response  # noqa: E402
+from fastapi.responses import PlainTextResponse, Response  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 
@@ -103,6 +106,26 @@ def _json(payload: dict[str, Any]) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
+def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error") -> Response:
+    """An error response; ASCII-escaped JSON, so a message quoting a bad string can always be sent."""
+    return Response(
+        json.dumps(error_body(message, param, kind)), status_code=status, media_type="application/json"
+    )
+
+
+def _conflict(position: int, key: str) -> ApiError:
+    field = f"documents[{position}].id"
+    return ApiError(409, f"'{field}' {key!r} is already in the index", field)
+
+
+def _check_body(body: BaseModel, **parts: Any) -> None:
+    """422 for the first string or number of the request that cannot be served (see :func:`invalid_value`);
+    ``parts`` replace fields by the form they are served in (a single ``input`` string as a list)."""
+    found = invalid_value({**body.model_dump(), **parts}, "")
+    if found is not None:
+        raise ApiError(422, found[1], found[0])
+
+
 def _l2(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -165,18 +188,13 @@ def create_app(
     app.state.store = store
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(err.message, err.param, err.kind), status_code=err.status)
-
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, err: Exception) -> JSONResponse:
-        message = f"internal error while serving {request.url.path}: {type(err).__name__}: {err}"
-        return JSONResponse(error_body(message, None, "server_error"), status_code=500)
+    async def api_error(request: Request, err: ApiError) -> Response:
+        return _error(err.status, err.message, err.param, err.kind)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, err: RequestValidationError) -> Response:
         message, param = validation_message(err.errors())
-        return JSONResponse(error_body(message, param), status_code=422)
+        return _error(422, message, param)
 
     def check_texts(texts: list[str], field: str) -> list[str]:
         if not texts:
@@ -187,6 +205,9 @@ def create_app(
         for i, text in enumerate(texts):
             if not text:
                 raise ApiError(422, f"'{field}[{i}]' is an empty string", f"{field}[{i}]")
+            found = invalid_value(text, f"{field}[{i}]")
+            if found is not None:
+                raise ApiError(422, found[1], found[0])
             if len(text) > cfg.max_chars:
                 if not cfg.truncate:
                     raise ApiError(
@@ -223,7 +244,9 @@ def create_app(
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> Response:
-        texts = check_texts([body.input] if isinstance(body.input, str) else body.input, "input")
+        inputs = [body.input] if isinstance(body.input, str) else body.input
+        _check_body(body, input=inputs)
+        texts = check_texts(inputs, "input")
         if body.dimensions is not None and not 0 < body.dimensions <= dim:
             raise ApiError(
                 422, f"'dimensions' must be between 1 and {dim}, got {body.dimensions}", "dimensions"
@@ -261,6 +284,7 @@ def create_app(
             raise ApiError(
                 501, "no reranker is loaded; start the server with --reranker MODEL", "model", "not_available"
             )
+        _check_body(body)
         field = "documents" if body.documents is not None else "texts"
         raw: list[Any] = body.documents if body.documents is not None else (body.texts or [])
         docs = []
@@ -282,12 +306,13 @@ def create_app(
             if body.return_documents:
                 item["document"] = {"text": docs[i]}
             results.append(item)
-        return {"model": cfg.model_name, "results": results}
+        return {"model": cfg.reranker_name or "reranker", "results": results}
 
     @app.post("/similarity")
     async def similarity(body: SimilarityRequest) -> dict[str, Any]:
         if not body.pairs:
             raise ApiError(422, "'pairs' must not be empty", "pairs")
+        _check_body(body)
         unique = list(dict.fromkeys(t for pair in body.pairs for t in pair))
         check_texts(unique, "pairs")
         vectors, _ = await embed(unique)
@@ -306,7 +331,9 @@ def create_app(
     @app.post("/search")
     async def search(body: SearchRequest) -> dict[str, Any]:
         docs = need_store()
-        queries = check_texts([body.query] if isinstance(body.query, str) else body.query, "query")
+        queries = [body.query] if isinstance(body.query, str) else body.query
+        _check_body(body, query=queries)
+        queries = check_texts(queries, "query")
         start = prompts.get("query", "")
         vectors, _ = await embed([start + q for q in queries])
         k = body.top_k or cfg.default_top_k
@@ -316,19 +343,19 @@ def create_app(
     @app.post("/index/documents")
     async def add_documents(body: AddDocumentsRequest) -> dict[str, Any]:
         docs = need_store()
+        _check_body(body)
         texts = check_texts([d.text for d in body.documents], "documents")
-        dup = docs.duplicates([d.id for d in body.documents])
-        if dup:
-            i = dup[0]
-            raise ApiError(
-                409,
-                f"'documents[{i}].id' {body.documents[i].id!r} is already in the index",
-                f"documents[{i}].id",
-            )
+        ids = [d.id for d in body.documents]
+        dup = docs.duplicates(ids)
+        if dup:  # cheap early answer; the store checks again, atomically, when it writes
+            raise _conflict(dup[0], ids[dup[0]])
         start = prompts.get("document") or prompts.get("passage") or ""
         vectors, _ = await embed([start + t for t in texts])
         items = [{"id": d.id, "text": t, "fields": d.fields} for d, t in zip(body.documents, texts)]
-        await asyncio.to_thread(docs.add, items, vectors)
+        try:
+            await asyncio.to_thread(docs.add, items, vectors)
+        except DuplicateIdError as err:
+            raise _conflict(err.position, err.key) from err
         return {"added": len(items), "total": len(docs)}
 
     @app.get("/health")

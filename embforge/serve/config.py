@@ -20,6 +20,12 @@ class ServeConfig:
         api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``.
         request_timeout_s: A request waiting longer than this for the model gets 503.
         default_top_k: ``top_k`` of ``/search`` when the request does not say.
+        reranker_name: Name reported by ``/rerank`` (the CLI uses ``--reranker``).
+        header_timeout_s: A connection must send a request's whole head within this many seconds of connecting
+            (or of its first byte, on a kept-alive connection); else 408 and closed (slow-header clients).
+        body_timeout_s: ... and its whole body within this many seconds after the head; else closed.
+        keep_alive_s: An idle kept-alive connection is closed after this many seconds.
+        max_connections: Most open connections; one more is answered 503 and closed at once.
     """
 
     model_name: str = "embforge"
@@ -32,10 +38,25 @@ class ServeConfig:
     api_key: str | None = None
     request_timeout_s: float = 30.0
     default_top_k: int = 10
+    reranker_name: str | None = None
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_inputs", "max_chars", "max_body_bytes", "default_top_k"):
+        for name in (
+            "max_batch_size",
+            "max_inputs",
+            "max_chars",
+            "max_body_bytes",
+            "default_top_k",
+            "max_connections",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServeConfig.{name} must be at least 1, got {getattr(self, name)}")
         if self.max_wait_ms < 0 or self.request_timeout_s <= 0:
             raise ValueError("ServeConfig.max_wait_ms must be >= 0 and request_timeout_s > 0")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ServeConfig.{name} must be > 0, got {getattr(self, name)}")

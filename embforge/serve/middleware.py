@@ -1,13 +1,18 @@
-"""The request gate (auth, body size, metrics) and the JSON error format of the server.
+"""The request gate (auth, body size, metrics, last-resort 500) and the JSON error format of the server.
 
 :class:`Gatekeeper` is plain ASGI (no per-request task overhead): it checks the bearer token, reads the body up to
-``max_body_bytes`` (413 beyond), and records count, status and latency of every request for ``/metrics``.
+``max_body_bytes`` (413 beyond), records count, status and latency of every request for ``/metrics``, and turns an
+unexpected exception into a JSON 500 *without* re-raising it, so the server keeps the connection alive (an
+exception escaping the app makes uvicorn drop the kept-alive connection without ``Connection: close``).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
+import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -20,6 +25,8 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 OPEN_PATHS = ("/health",)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+log = logging.getLogger("embforge.serve")
 
 
 class ApiError(Exception):
@@ -36,6 +43,36 @@ class ApiError(Exception):
 def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict[str, Any]:
     """The OpenAI-style error object."""
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def invalid_value(value: Any, path: str) -> tuple[str, str] | None:
+    """``(field, problem)`` of the first value in a parsed JSON body that cannot be served: a string with a lone
+    surrogate (``"\\ud800"`` is valid JSON but not Unicode text; tokenizers and UTF-8 reject it) or a NaN/infinite
+    number (Python's JSON parser accepts ``NaN``); ``None`` when all is well. ``path`` names ``value``."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found:
+            return path, (
+                f"'{path}' has a lone surrogate (U+{ord(found.group()):04X} at character {found.start()}), "
+                "which is not Unicode text; send UTF-8 text (a surrogate escape must come in a valid pair)"
+            )
+    elif isinstance(value, float) and not math.isfinite(value):
+        return path, f"'{path}' is {value}; numbers must be finite"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            name = ascii(key)[1:-1] if isinstance(key, str) and _SURROGATE.search(key) else key
+            sub = f"{path}.{name}" if path else str(name)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return sub, f"the key '{sub}' has a lone surrogate, which is not Unicode text"
+            found_item = invalid_value(item, sub)
+            if found_item:
+                return found_item
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found_item = invalid_value(item, f"{path}[{i}]")
+            if found_item:
+                return found_item
+    return None
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "tuple", "none", "literal"}
@@ -158,4 +195,18 @@ class Gatekeeper:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        started = False
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, replay, send_and_note)
+        except Exception as err:
+            if started:  # too late for an error response: the connection has to go
+                raise
+            log.exception("error while serving %s", scope["path"])
+            text = f"internal error while serving {scope['path']}: {type(err).__name__}: {err}"
+            await _send_json(send, 500, error_body(text, None, "server_error"))

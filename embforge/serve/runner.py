@@ -46,8 +46,9 @@ def serve(
     *,
     reranker: str | None = None,
     index: str | None = None,
-    index_kind: str = "exact",
-    qdrant_url: str | None = None,
+    index_kind: str | None = None,
+    index_options: dict[str, Any] | None = None,
+    allow_model_mismatch: bool = False,
     backend: str = "torch",
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -56,33 +57,69 @@ def serve(
     log_level: str = "info",
     threads: int | None = None,
 ) -> None:
-    """Load the models, build the app and serve it until SIGINT/SIGTERM.
+    """Load the models, open the index, build the app and serve it until SIGINT/SIGTERM.
 
-    On shutdown uvicorn stops accepting connections, waits up to ``graceful_timeout_s`` for in-flight requests,
-    then the app's lifespan drains the batch queues and saves the index. ``threads`` caps the model's CPU
-    threads (torch intra-op or onnxruntime intra-op); on a busy or shared CPU, fewer threads than cores avoids
-    the slowdown of spinning thread pools competing for cores.
+    ``index`` is a folder in the one index format (:mod:`embforge.serve.store`; ``embforge index build`` writes
+    it, or the server starts an empty one there). ``index_kind``/``index_options`` pick the index of a new folder;
+    an existing folder of another kind is an error naming both, and one built by another model is refused unless
+    ``allow_model_mismatch``. On shutdown uvicorn stops accepting connections, waits up to
+    ``graceful_timeout_s`` for in-flight requests, then the app's lifespan drains the batch queues and compacts
+    the index. ``threads`` caps the model's CPU threads (torch intra-op or onnxruntime intra-op); on a busy or
+    shared CPU, fewer threads than cores avoids the slowdown of spinning thread pools competing for cores.
     """
     uvicorn = require("uvicorn")
     from embforge.serve.app import create_app
-    from embforge.serve.store import DocumentStore
+    from embforge.serve.store import DocumentStore, model_identity
 
     cfg = config or ServeConfig()
     if cfg.api_key is None and os.environ.get(API_KEY_ENV):
         cfg.api_key = os.environ[API_KEY_ENV]
     encoder = load_encoder(model, backend=backend, threads=threads)
     scorer = load_reranker(reranker, threads=threads) if reranker else None
-    store = (
-        DocumentStore.open(index, dim=int(encoder.dim), index=index_kind, qdrant_url=qdrant_url)
-        if index
-        else None
-    )
+    store = None
+    if index:
+        store = DocumentStore.open(
+            index,
+            dim=int(encoder.dim),
+            kind=index_kind,
+            options=index_options,
+            model=model_identity(encoder, model),
+            allow_model_mismatch=allow_model_mismatch,
+        )
     app = create_app(encoder, reranker=scorer, store=store, config=cfg)
-    uvicorn.run(
+    server = uvicorn.Server(
+        uvicorn_config(
+            app, cfg, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout_s
+        )
+    )
+    server.run()
+
+
+def uvicorn_config(
+    app: Any,
+    config: ServeConfig,
+    *,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    graceful_timeout_s: float = 30.0,
+) -> Any:
+    """The ``uvicorn.Config`` the server runs under: the connection guard of :mod:`embforge.serve.sockets`
+    (head/body deadlines, connection cap) on uvicorn's own HTTP protocol, and its keep-alive timeout."""
+    uvicorn = require("uvicorn")
+    from embforge.serve.sockets import guarded_protocol
+
+    protocol = guarded_protocol(
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+        max_connections=config.max_connections,
+    )
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=protocol,
         log_level=log_level,
+        timeout_keep_alive=max(1, round(config.keep_alive_s)),
         timeout_graceful_shutdown=int(graceful_timeout_s),
-        limit_concurrency=None,
     )

@@ -1,17 +1,27 @@
-"""The server's searchable documents: texts and fields next to a vector index, persisted in one folder.
+"""The searchable documents: texts and fields next to a vector index, crash-consistent in one folder.
 
-Layout of the folder::
+The one on-disk format of an index: ``embforge index build`` writes it, ``embforge serve --index`` and
+``embforge index search`` open it. Layout::
 
-    store.json        {"dim": 384, "index": "exact" | "flat" | "hnsw" | ... | "qdrant", "documents": n}
-    documents.jsonl   one {"id", "text", "fields"} per line, in insertion order
-    index/            the vector index (its own ``save`` format)
+    store.json          {"format": 2, "dim", "kind", "options", "model": {"name", "fingerprint"},
+                         "snapshot": "snap-00000003" | null, "log_start": 3}
+    snap-00000003/      documents.jsonl (one {"id", "text", "fields"} a line, JSON-escaped) + index/ (its save)
+    wal-00000003.log    adds acknowledged since that snapshot (:mod:`embforge.serve.wal`), then -00000004, ...
 
-Vectors are L2-normalised before they go in, so scores are cosine similarities whatever the model does.
+An add appends one checksummed record (documents and vectors together) to the log and fsyncs it before it is
+acknowledged; nothing else is rewritten, so it costs the same at 1k and at 100k documents. Opening replays the
+log over the snapshot; a record torn by a crash (the last one) is cut off, never an error. Compaction (a
+background thread, when the log passes ``compact_bytes``, and at :meth:`close`) rotates to a new log segment,
+writes a new snapshot from a capture of the state while adds and searches go on, then switches ``store.json`` to it
+in one atomic rename and deletes what it replaced. Vectors are L2-normalised on the way in: scores are cosines.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,115 +30,172 @@ from typing import Any
 import numpy as np
 
 from embforge.retrieval.index.base import VectorIndex
-from embforge.training.checkpoints import write_text_atomic
+from embforge.retrieval.index.registry import check_kind, create_index
+from embforge.serve.wal import LogWriter, encode_record, to_json
 
 STORE_FILE = "store.json"
 DOCS_FILE = "documents.jsonl"
 INDEX_DIR = "index"
+STORAGE_DIR = "storage"  # where an index that keeps its own files (Qdrant's embedded mode) lives
+FORMAT = 2
+SEGMENT_NAME = re.compile(r"wal-(\d{8})\.log")
+log = logging.getLogger("embforge.store")
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+class DuplicateIdError(ValueError):
+    """An added id is already stored (or repeated in the same add); ``position`` is its place in the add."""
+
+    def __init__(self, position: int, key: str) -> None:
+        super().__init__(f"document id {key!r} (position {position}) is already in the index")
+        self.position = position
+        self.key = key
 
 
-def _new_index(kind: str, dim: int, folder: Path | None, qdrant_url: str | None = None) -> VectorIndex:
-    if kind == "qdrant":
-        import os
-
-        from embforge.retrieval.index.qdrant import QdrantIndex
-
-        if qdrant_url is not None:
-            return QdrantIndex(dim, url=qdrant_url, api_key=os.environ.get("QDRANT_API_KEY"))
-        return QdrantIndex(dim, path=folder / INDEX_DIR if folder is not None else None)
-    from embforge.retrieval.index.registry import create_index
-
-    return create_index(kind, dim)
+class ModelMismatchError(ValueError):
+    """The store was built by another model than the one opening it."""
 
 
-def _load_index(folder: Path) -> VectorIndex:
-    meta = json.loads((folder / "index.json").read_text())
-    if meta.get("backend") == "qdrant":
-        import os
+def model_identity(model: Any, name: str) -> dict[str, Any]:
+    """``{"name", "fingerprint"}`` of an encoder: a hash of its weights (:func:`model_fingerprint`), or for an ONNX
+    export the fingerprint of the model it was exported from (recorded by ``embforge export onnx``)."""
+    fingerprint = None
+    if hasattr(model, "state_dict"):
+        from embforge.retrieval.corpus_cache import model_fingerprint
 
-        from embforge.retrieval.index.qdrant import QdrantIndex
+        fingerprint = model_fingerprint(model)
+    else:
+        fingerprint = (getattr(model, "meta", None) or {}).get("fingerprint")
+    return {"name": str(name), "fingerprint": fingerprint}
 
-        return QdrantIndex.load(folder, api_key=os.environ.get("QDRANT_API_KEY"))
-    from embforge.retrieval.index.registry import load_index
 
-    return load_index(folder)
+def _unit(x: np.ndarray, dim: int, n: int) -> np.ndarray:
+    array = np.asarray(x, dtype=np.float32)
+    if array.shape != (n, dim):
+        raise ValueError(f"expected vectors of shape ({n}, {dim}), got {tuple(array.shape)}")
+    if not np.isfinite(array).all():
+        raise ValueError("the vectors contain NaN or infinity")
+    return array / np.maximum(np.linalg.norm(array, axis=-1, keepdims=True), 1e-12)
+
+
+def _clean(position: int, doc: dict[str, Any]) -> dict[str, Any]:
+    key, text, fields = doc.get("id"), doc.get("text"), doc.get("fields") or {}
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"document {position}: 'id' must be a non-empty string, got {key!r}")
+    if not isinstance(text, str):
+        raise ValueError(f"document {position}: 'text' must be a string, got {type(text).__name__}")
+    if not isinstance(fields, dict):
+        raise ValueError(f"document {position}: 'fields' must be an object, got {type(fields).__name__}")
+    return {"id": key, "text": text, "fields": dict(fields)}
 
 
 class DocumentStore:
-    """Documents (id, text, fields) and their vectors; thread-safe; saved to ``folder`` by :meth:`save`.
+    """Documents (id, text, fields) and their vectors; thread-safe; crash-consistent when it has a folder.
+
+    Use :meth:`open` for a folder (create or recover) and the constructor for a memory-only store.
 
     Args:
         dim: Vector size.
-        folder: Where to persist (``None``: memory only).
-        index: ``exact`` (numpy), a FAISS kind (``flat``, ``hnsw``, ...) or ``qdrant``.
-        qdrant_url: With ``index="qdrant"``: a Qdrant server (API key from env ``QDRANT_API_KEY``) instead of
-            the embedded local mode. The vectors live on the server; texts and fields stay in ``folder``.
+        kind: Index kind (:data:`~embforge.retrieval.index.registry.INDEX_KINDS`).
+        options: Index options (e.g. ``{"m": 32}`` for HNSW, ``{"url": ...}`` for a Qdrant server).
+        model: ``{"name", "fingerprint"}`` of the model whose vectors the store holds (:func:`model_identity`).
+        index: An index to use instead of a new one of ``kind`` (:meth:`open` passes the loaded one).
     """
 
     def __init__(
         self,
         dim: int,
         *,
-        folder: str | Path | None = None,
-        index: str = "exact",
-        qdrant_url: str | None = None,
+        kind: str = "exact",
+        options: dict[str, Any] | None = None,
+        model: dict[str, Any] | None = None,
+        index: VectorIndex | None = None,
     ) -> None:
-        self.dim = dim
-        self.folder = Path(folder) if folder is not None else None
-        self.kind = index
+        self.dim = int(dim)
+        self.kind = check_kind(kind)
+        self.options = dict(options or {})
+        self.model = model
+        self.folder: Path | None = None
         self.docs: dict[str, dict[str, Any]] = {}
-        self.index = _new_index(index, dim, self.folder, qdrant_url)
-        self._lock = threading.RLock()
+        self.index: VectorIndex = index if index is not None else create_index(kind, self.dim, **self.options)
+        self._lock = threading.RLock()  # the in-memory state: held by search, and by add while it applies
+        self._write_lock = threading.Lock()  # one writer at a time: log order = apply order
+        self._compact_lock = threading.Lock()
+        self._log: LogWriter | None = None
+        self._segment = 0
+        self._log_bytes = 0  # logged since the last snapshot
+        self.compact_bytes: int | None = None
+        self._wake = threading.Event()
+        self._closing = False
+        self._compactor: threading.Thread | None = None
+
+    # ---- opening -------------------------------------------------------------------------------------------
 
     @classmethod
     def open(
-        cls, folder: str | Path, *, dim: int, index: str = "exact", qdrant_url: str | None = None
+        cls,
+        folder: str | Path,
+        *,
+        dim: int,
+        kind: str | None = None,
+        options: dict[str, Any] | None = None,
+        model: dict[str, Any] | None = None,
+        allow_model_mismatch: bool = False,
+        read_only: bool = False,
+        durable: bool = True,
+        compact_bytes: int | None = 64 << 20,
     ) -> DocumentStore:
-        """Load the store saved in ``folder``, or start an empty one there (``index`` picks its backend)."""
-        root = Path(folder)
-        meta_file = root / STORE_FILE
-        if not meta_file.is_file():
-            return cls(dim, folder=root, index=index, qdrant_url=qdrant_url)
-        meta = json.loads(meta_file.read_text())
-        if int(meta["dim"]) != dim:
-            raise ValueError(
-                f"{meta_file}: the index holds {meta['dim']}-d vectors but the model gives {dim}-d ones; "
-                "serve it with the model that built it or use another --index folder"
-            )
-        store = cls.__new__(cls)
-        store.dim, store.folder, store.kind = dim, root, meta["index"]
-        store._lock = threading.RLock()
-        store.docs = {}
-        with open(root / DOCS_FILE, encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, start=1):
-                try:
-                    doc = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{root / DOCS_FILE}:{line_no}:{err.colno}: {err.msg}") from err
-                store.docs[doc["id"]] = {"text": doc["text"], "fields": doc.get("fields") or {}}
-        store.index = _load_index(root / INDEX_DIR)
-        if len(store.index) != len(store.docs):
-            raise ValueError(
-                f"{root}: {len(store.docs)} documents but {len(store.index)} vectors; the folder is inconsistent"
-            )
-        return store
+        """Open the store in ``folder``, recovering from any crash, or start an empty one there.
+
+        Args:
+            folder: The store folder (created when missing).
+            dim: The model's vector size; a store of another size is an error.
+            kind: Index kind of a new store (default ``exact``); for an existing store, a different kind is an
+                error naming both (``None``: whatever it is).
+            options: Index options of a new store.
+            model: The opening model's :func:`model_identity`; a store built by another model is refused
+                (:class:`ModelMismatchError`) unless ``allow_model_mismatch``.
+            allow_model_mismatch: Open it anyway (logged as a warning).
+            read_only: Change nothing on disk (``embforge index search``); :meth:`add` is then an error.
+            durable: fsync each add before it is acknowledged (off only for benchmarks of the rest).
+            compact_bytes: Compact in the background once this much log is written (``None``: only at close).
+        """
+        from embforge.serve.snapshots import recover
+
+        return recover(
+            cls,
+            Path(folder),
+            dim=dim,
+            kind=kind,
+            options=options,
+            model=model,
+            allow_model_mismatch=allow_model_mismatch,
+            read_only=read_only,
+            durable=durable,
+            compact_bytes=compact_bytes,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        folder: str | Path,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        vectors: np.ndarray,
+        *,
+        kind: str = "exact",
+        options: dict[str, Any] | None = None,
+        model: dict[str, Any] | None = None,
+    ) -> DocumentStore:
+        """Write a new store of these documents to ``folder`` (replacing a store or index there) in one snapshot;
+        what ``embforge index build`` does. Returns the store, open in ``folder``."""
+        from embforge.serve.snapshots import build
+
+        return build(cls, Path(folder), ids, texts, vectors, kind=kind, options=options, model=model)
+
+    # ---- reading and writing ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self.docs)
-
-    def add(self, documents: Sequence[dict[str, Any]], vectors: np.ndarray) -> None:
-        """Add documents (``id``, ``text``, optional ``fields``) with their vectors, then persist."""
-        with self._lock:
-            ids = [d["id"] for d in documents]
-            self.index.add(ids, _normalize(vectors))
-            for doc in documents:
-                self.docs[doc["id"]] = {"text": doc["text"], "fields": dict(doc.get("fields") or {})}
-            self.save()
 
     def duplicates(self, ids: Sequence[str]) -> list[int]:
         """Positions of ids that are already stored or repeated within ``ids``."""
@@ -141,42 +208,155 @@ class DocumentStore:
                 seen.add(key)
         return out
 
+    def add(self, documents: Sequence[dict[str, Any]], vectors: np.ndarray) -> None:
+        """Add documents (``id``, ``text``, optional ``fields``) with their vectors; durable when it returns.
+
+        Raises:
+            DuplicateIdError: an id is already stored or repeated (checked atomically with the write, so of
+                concurrent adds of one id exactly one succeeds).
+            ValueError: a bad document, field (not JSON, NaN) or vector; nothing was changed.
+        """
+        if self.folder is not None and self._log is None:
+            raise ValueError(f"{self.folder}: the store was opened read-only")
+        docs = [_clean(i, d) for i, d in enumerate(documents)]
+        array = _unit(vectors, self.dim, len(docs))
+        record = encode_record(docs, array) if self._log is not None else b""
+        ids = [d["id"] for d in docs]
+        with self._write_lock:
+            dup = self.duplicates(ids)
+            if dup:
+                raise DuplicateIdError(dup[0], ids[dup[0]])
+            start = self._log.size if self._log is not None else 0
+            if self._log is not None:
+                self._log.append(record)
+            try:
+                with self._lock:
+                    self.index.add(ids, array)
+                    for doc in docs:
+                        self.docs[doc["id"]] = {"text": doc["text"], "fields": doc["fields"]}
+            except BaseException:
+                if self._log is not None:
+                    self._log.truncate(start)
+                raise
+            self._log_bytes += len(record)
+        if self.compact_bytes is not None and self._log_bytes >= self.compact_bytes:
+            self._start_compactor()
+            self._wake.set()
+
     def search(self, queries: np.ndarray, k: int, *, with_text: bool = True) -> list[list[dict[str, Any]]]:
         """Top-``k`` documents per query vector: ``[{"id", "score", "text", "fields"}, ...]`` best first."""
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        unit = queries / np.maximum(np.linalg.norm(queries, axis=-1, keepdims=True), 1e-12)
         with self._lock:
-            if not len(self.docs):
-                return [[] for _ in range(len(queries))]
-            scores, ids = self.index.search(_normalize(queries), k)
+            if not self.docs:
+                return [[] for _ in range(len(unit))]
+            scores, ids = self.index.search(unit, k)
             results = []
             for row_scores, row_ids in zip(scores, ids):
                 hits = []
                 for score, key in zip(row_scores, row_ids):
+                    doc = self.docs.get(key)
+                    if doc is None:  # a vector whose add was rolled back in a remote index
+                        continue
                     hit: dict[str, Any] = {"id": key, "score": float(score)}
                     if with_text:
-                        hit["text"] = self.docs[key]["text"]
-                    hit["fields"] = self.docs[key]["fields"]
+                        hit["text"] = doc["text"]
+                    hit["fields"] = doc["fields"]
                     hits.append(hit)
                 results.append(hits)
             return results
 
-    def save(self) -> None:
-        """Write documents, index and ``store.json`` to the folder (no-op for a memory-only store)."""
-        if self.folder is None:
-            return
-        with self._lock:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            lines = "".join(
-                json.dumps({"id": key, **doc}, ensure_ascii=False) + "\n" for key, doc in self.docs.items()
+    # ---- compaction ------------------------------------------------------------------------------------------
+
+    def compact(self) -> bool:
+        """Write a snapshot of everything logged so far and drop the log it replaces; adds and searches go on
+        meanwhile (they wait only for the capture). Returns whether there was anything to compact."""
+        if self.folder is None or self._log is None:
+            return False
+        from embforge.serve.snapshots import write_snapshot
+
+        with self._compact_lock:
+            with self._write_lock:
+                if self._log_bytes == 0:
+                    return False
+                self._segment += 1
+                old = self._log
+                self._log = LogWriter(self._segment_path(self._segment), durable=old.durable)
+                old.close()
+                self._log_bytes = 0
+                with self._lock:
+                    items = list(self.docs.items())
+                    write_index = self.index.snapshot()
+            write_snapshot(self, self._segment, items, write_index)
+        return True
+
+    def _segment_path(self, number: int) -> Path:
+        assert self.folder is not None
+        return self.folder / f"wal-{number:08d}.log"
+
+    def _start_compactor(self) -> None:
+        if self._compactor is None and not self._closing:
+            self._compactor = threading.Thread(
+                target=self._compact_loop, name="embforge-compact", daemon=True
             )
-            write_text_atomic(self.folder / DOCS_FILE, lines)
-            self.index.save(self.folder / INDEX_DIR)
-            meta = {"dim": self.dim, "index": self.kind, "documents": len(self.docs)}
-            write_text_atomic(self.folder / STORE_FILE, json.dumps(meta) + "\n")
+            self._compactor.start()
+
+    def _compact_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                self.compact()
+            except Exception:  # the log still holds everything; the next compaction tries again
+                log.exception("compaction of %s failed", self.folder)
 
     def close(self) -> None:
-        """Save and release the index (Qdrant's local mode holds a lock on its folder)."""
-        with self._lock:
-            self.save()
-            close = getattr(self.index, "close", None)
-            if callable(close):
-                close()
+        """Compact (so the next open replays nothing), then release the log and the index."""
+        self._closing = True
+        self._wake.set()
+        if self._compactor is not None:
+            self._compactor.join()
+        self.compact()
+        with self._write_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            self.index.close()
+
+    def meta(self) -> dict[str, Any]:
+        """The ``store.json`` fields describing this store (without the snapshot pointer)."""
+        return {
+            "format": FORMAT,
+            "dim": self.dim,
+            "kind": self.kind,
+            "options": self.options,
+            "model": self.model,
+        }
+
+
+def write_docs(path: Path, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """``documents.jsonl``: one ``{"id", "text", "fields"}`` per line, ASCII-escaped (any id round-trips)."""
+    with open(path, "w", encoding="ascii") as handle:
+        for key, doc in items:
+            handle.write(to_json({"id": key, "text": doc["text"], "fields": doc["fields"]}) + "\n")
+
+
+def read_docs(path: Path) -> dict[str, dict[str, Any]]:
+    docs: dict[str, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}:{err.colno}: {err.msg}") from err
+            docs[doc["id"]] = {"text": doc.get("text", ""), "fields": doc.get("fields") or {}}
+    return docs
+
+
+def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -1,12 +1,61 @@
-"""The interface every vector index implements."""
+"""The interface every vector index implements, and the id file all of them write."""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+IDS_FILE = "ids.jsonl"
+LEGACY_IDS_FILE = "ids.txt"
+
+
+def write_ids(folder: Path, ids: Sequence[str]) -> None:
+    """``ids.jsonl``: one JSON string per line (ASCII), so ids with line breaks, U+2028 or U+0085 round-trip."""
+    with open(folder / IDS_FILE, "w", encoding="ascii") as handle:
+        for key in ids:
+            handle.write(json.dumps(key, ensure_ascii=True) + "\n")
+
+
+def read_ids(folder: Path) -> list[str]:
+    """The ids written by :func:`write_ids` (or the ``ids.txt`` of indexes saved before it, one id a line)."""
+    path = folder / IDS_FILE
+    if not path.exists():
+        legacy = folder / LEGACY_IDS_FILE
+        return legacy.read_text(encoding="utf-8").split("\n")[:-1] if legacy.exists() else []
+    ids = []
+    with open(path, encoding="ascii") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            try:
+                ids.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}:{err.colno}: {err.msg}") from err
+    return ids
+
+
+def save_folder(final: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on an empty ``<final>.tmp``, fsync it, then swap it in for ``final`` (renames), so a
+    reader finds the old folder or the new one (:func:`~embforge.retrieval.index.registry.load_index` also looks
+    at ``<final>.old``, where a crash between the two renames leaves the old one)."""
+    final = Path(final)
+    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    for path in tmp.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class VectorIndex(abc.ABC):
@@ -28,6 +77,10 @@ class VectorIndex(abc.ABC):
         """Top-``k`` per query: ``(scores (q, k') float32, ids)`` best first, ``k' = min(k, len(self))``."""
 
     @abc.abstractmethod
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is in the index."""
+
+    @abc.abstractmethod
     def save(self, path: str | Path) -> None:
         """Write the index to a folder (atomically: a reader never sees a half-written index)."""
 
@@ -38,3 +91,20 @@ class VectorIndex(abc.ABC):
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
+
+    def snapshot(self) -> Callable[[Path], None]:
+        """Capture the index as it is now; the returned ``write(folder)`` fills an empty folder with what
+        :meth:`save` writes, later, even if vectors were added in between (the document store writes snapshots
+        off the request path). This default saves a copy at once; indexes override it with cheaper captures."""
+        staging = Path(tempfile.mkdtemp(prefix="embforge-snapshot-"))
+        self.save(staging / "index")
+
+        def write(folder: Path) -> None:
+            for item in (staging / "index").iterdir():
+                shutil.move(str(item), folder / item.name)
+            shutil.rmtree(staging, ignore_errors=True)
+
+        return write
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release what the index holds (files, clients); the default holds nothing."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from embforge.retrieval.index.base import VectorIndex
-from embforge.training.checkpoints import atomic_dir
+from embforge.retrieval.index.base import VectorIndex, read_ids, save_folder, write_ids
+
+if TYPE_CHECKING:
+    import torch
 
 # score-matrix entries per search tile (queries x vectors): 2**24 float32 = 64 MiB (1,024 x 16,384)
 _CHUNK_ENTRIES = 1 << 24
@@ -51,6 +53,8 @@ def topk_inner_product(queries: np.ndarray, vectors: np.ndarray, k: int) -> tupl
     running top ``k``. Products in numpy's BLAS (faster than torch's for these shapes on the CPUs we measured), the
     selection in torch (``topk`` is multi-threaded; ``np.argpartition`` is not, and was most of the time at 1M).
     """
+    import torch  # here, not at import: a process that only stores vectors (the server's writer) skips it
+
     n = len(vectors)
     k = min(k, n)
     matrix = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -73,6 +77,8 @@ def _block_top(sims: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.n
     """``(rows, scores, columns)`` of each row's top ``k`` in a score block, plus every score tied with a row's
     k-th (so that the lowest positions can win ties): ``topk(k + 1)``, and an exact pass over the rare rows whose
     k-th and (k+1)-th scores are equal."""
+    import torch
+
     q, width = sims.shape
     values, columns = torch.topk(sims, min(k + 1, width), dim=1)
     if width <= k:
@@ -108,30 +114,37 @@ def _merge_top(
 
 
 class NumpyIndex(VectorIndex):
-    """Exact search over float32 vectors held in memory (brute force, chunked matrix products)."""
+    """Exact search over float32 vectors held in memory (brute force, chunked matrix products).
+
+    Vectors live in one buffer that doubles when full, so an ``add`` costs the rows it adds (amortised), not a copy
+    of the whole matrix; rows once written never change, which makes :meth:`snapshot` free.
+    """
 
     def __init__(self, dim: int) -> None:
         self.dim = int(dim)
         self.ids: list[str] = []
         self._positions: dict[str, int] = {}
-        self._parts: list[np.ndarray] = []
-        self._matrix: np.ndarray | None = None
+        self._buffer = np.empty((0, self.dim), np.float32)
 
     @property
     def vectors(self) -> np.ndarray:
         """All vectors as one ``(n, dim)`` float32 matrix, in the order they were added."""
-        if self._matrix is None:
-            self._matrix = np.concatenate(self._parts) if self._parts else np.empty((0, self.dim), np.float32)
-            self._parts = [self._matrix] if len(self._matrix) else []
-        return self._matrix
+        return self._buffer[: len(self.ids)]
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         array = check_vectors(ids, vectors, self.dim, self._positions)
+        n, need = len(self.ids), len(self.ids) + len(array)
+        if need > len(self._buffer):
+            grown = np.empty((max(need, 2 * len(self._buffer), 1024), self.dim), np.float32)
+            grown[:n] = self._buffer[:n]
+            self._buffer = grown  # a snapshot holding the old buffer keeps its (unchanged) rows
+        self._buffer[n:need] = array
         for i in ids:
             self._positions[i] = len(self.ids)
             self.ids.append(i)
-        self._parts.append(array)
-        self._matrix = None
+
+    def has(self, key: str) -> bool:
+        return key in self._positions
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         array = check_queries(queries, self.dim, k)
@@ -140,22 +153,30 @@ class NumpyIndex(VectorIndex):
         scores, positions = topk_inner_product(array, self.vectors, k)
         return scores, [[self.ids[p] for p in row] for row in positions]
 
-    def save(self, path: str | Path) -> None:
+    def snapshot(self) -> Callable[[Path], None]:
+        ids, vectors = list(self.ids), self.vectors  # rows [0, n) are never written again
+
         def write(folder: Path) -> None:
-            np.save(folder / "vectors.npy", self.vectors)
-            (folder / "ids.txt").write_text("".join(f"{i}\n" for i in self.ids), encoding="utf-8")
+            np.save(folder / "vectors.npy", vectors)
+            write_ids(folder, ids)
             (folder / "index.json").write_text(json.dumps({"backend": "numpy", "dim": self.dim}) + "\n")
 
-        atomic_dir(Path(path), write)
+        return write
+
+    def save(self, path: str | Path) -> None:
+        save_folder(Path(path), self.snapshot())
 
     @classmethod
     def load(cls, path: str | Path) -> NumpyIndex:
         folder = Path(path)
         meta = json.loads((folder / "index.json").read_text())
         index = cls(meta["dim"])
-        ids = (folder / "ids.txt").read_text(encoding="utf-8").splitlines()
+        ids = read_ids(folder)
+        vectors = np.load(folder / "vectors.npy")
+        if len(vectors) != len(ids):
+            raise ValueError(f"{folder}: vectors.npy holds {len(vectors)} vectors but the id file {len(ids)}")
         if ids:
-            index.add(ids, np.load(folder / "vectors.npy"))
+            index.add(ids, vectors)
         return index
 
     def __len__(self) -> int:

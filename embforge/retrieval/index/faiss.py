@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embforge._optional import require
-from embforge.retrieval.index.base import VectorIndex
+from embforge.retrieval.index.base import VectorIndex, read_ids, save_folder, write_ids
 from embforge.retrieval.index.exact import check_queries, check_vectors
-from embforge.training.checkpoints import atomic_dir
 
 KINDS = ("flat", "hnsw", "ivf", "ivfpq", "pq")
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -69,6 +68,8 @@ class FaissIndex(VectorIndex):
         self.dim = int(dim)
         self.kind = kind
         self.options = {**DEFAULTS[kind], **options}
+        if kind in ("pq", "ivfpq") and self.options["pq_m"]:
+            self._pq_m(1)  # a pq_m that does not divide dim is an error now, not after the data is encoded
         self.ids: list[str] = []
         self._positions: dict[str, int] = {}
         self.index: Any = None
@@ -136,30 +137,39 @@ class FaissIndex(VectorIndex):
             scores = np.where(found, scores, -np.inf).astype(np.float32)
         return scores, [[self.ids[p] for p in row if p >= 0] for row in positions]
 
-    def save(self, path: str | Path) -> None:
-        if self.index is None:
-            raise ValueError("FaissIndex.save: the index is empty (add vectors first)")
+    def has(self, key: str) -> bool:
+        return key in self._positions
+
+    def snapshot(self) -> Callable[[Path], None]:
+        data = None if self.index is None else self.faiss.serialize_index(self.index)  # a copy
+        ids, meta = (
+            list(self.ids),
+            {"backend": "faiss", "dim": self.dim, "kind": self.kind, "options": dict(self.options)},
+        )
 
         def write(folder: Path) -> None:
-            self.faiss.write_index(self.index, str(folder / "index.faiss"))
-            (folder / "ids.txt").write_text("".join(f"{i}\n" for i in self.ids), encoding="utf-8")
-            meta = {"backend": "faiss", "dim": self.dim, "kind": self.kind, "options": self.options}
+            if data is not None:
+                np.asarray(data).tofile(folder / "index.faiss")
+            write_ids(folder, ids)
             (folder / "index.json").write_text(json.dumps(meta) + "\n")
 
-        atomic_dir(Path(path), write)
+        return write
+
+    def save(self, path: str | Path) -> None:
+        save_folder(Path(path), self.snapshot())
 
     @classmethod
     def load(cls, path: str | Path) -> FaissIndex:
         folder = Path(path)
         meta = json.loads((folder / "index.json").read_text())
         index = cls(meta["dim"], kind=meta["kind"], **meta["options"])
-        index.index = index.faiss.read_index(str(folder / "index.faiss"))
-        index.ids = (folder / "ids.txt").read_text(encoding="utf-8").splitlines()
+        index.ids = read_ids(folder)
         index._positions = {i: n for n, i in enumerate(index.ids)}
-        if index.index.ntotal != len(index.ids):
-            raise ValueError(
-                f"{folder}: index.faiss holds {index.index.ntotal} vectors but ids.txt {len(index.ids)}"
-            )
+        if (folder / "index.faiss").exists():
+            index.index = index.faiss.read_index(str(folder / "index.faiss"))
+        ntotal = 0 if index.index is None else index.index.ntotal
+        if ntotal != len(index.ids):
+            raise ValueError(f"{folder}: index.faiss holds {ntotal} vectors but the id file {len(index.ids)}")
         index.set_search_options()
         return index
 

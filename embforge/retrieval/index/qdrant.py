@@ -14,8 +14,9 @@ Qdrant point ids must be integers or UUIDs, so a string id is mapped to a UUID5 
 from __future__ import annotations
 
 import json
+import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ import numpy as np
 from embforge._optional import require
 from embforge.retrieval.index.base import VectorIndex
 from embforge.retrieval.index.exact import check_queries, check_vectors
-from embforge.training.checkpoints import write_text_atomic
 
 _NAMESPACE = uuid.UUID("6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d")
 _STORAGE = "storage"
@@ -44,7 +44,7 @@ class QdrantIndex(VectorIndex):
         path: Local (embedded) storage folder; the data lives in ``path/storage``. ``None`` with no ``url``:
             in memory.
         url: A Qdrant server, e.g. ``http://127.0.0.1:6333`` (remote mode).
-        api_key: Qdrant API key for remote mode.
+        api_key: Qdrant API key for remote mode (default: env ``QDRANT_API_KEY``).
         collection: Collection name (created when missing).
     """
 
@@ -63,7 +63,7 @@ class QdrantIndex(VectorIndex):
         self.url = url
         self.path = Path(path) if path is not None else None
         if url is not None:
-            self.client = qdrant.QdrantClient(url=url, api_key=api_key)
+            self.client = qdrant.QdrantClient(url=url, api_key=api_key or os.environ.get("QDRANT_API_KEY"))
         elif self.path is not None:
             (self.path / _STORAGE).mkdir(parents=True, exist_ok=True)
             self.client = qdrant.QdrantClient(path=str(self.path / _STORAGE))
@@ -82,6 +82,9 @@ class QdrantIndex(VectorIndex):
     def _existing(self, ids: Sequence[str]) -> set[str]:
         found = self.client.retrieve(self.collection, ids=[point_id(i) for i in ids], with_payload=True)
         return {p.payload["_id"] for p in found}
+
+    def has(self, key: str) -> bool:
+        return bool(self._existing([key]))
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         array = check_vectors(ids, vectors, self.dim, self._existing(ids))
@@ -144,11 +147,29 @@ class QdrantIndex(VectorIndex):
                     copy.add(keys, vectors)
             finally:
                 copy.close()
-        write_text_atomic(folder / "index.json", json.dumps(meta) + "\n")
+        tmp = folder / "index.json.tmp"
+        tmp.write_text(json.dumps(meta) + "\n")
+        os.replace(tmp, folder / "index.json")
+
+    def snapshot(self) -> Callable[[Path], None]:
+        """A remote or on-disk collection already persists itself: the snapshot records where it is
+        (``"external": true``; :meth:`load` is then given the storage folder). An in-memory one is copied."""
+        if self.url is None and self.path is None:
+            return super().snapshot()
+        meta: dict[str, Any] = {"backend": "qdrant", "dim": self.dim, "collection": self.collection}
+        meta.update({"external": True, **({"url": self.url} if self.url is not None else {})})
+
+        def write(folder: Path) -> None:
+            (folder / "index.json").write_text(json.dumps(meta) + "\n")
+
+        return write
 
     @classmethod
-    def load(cls, path: str | Path, *, api_key: str | None = None) -> QdrantIndex:
-        """Open what :meth:`save` recorded in ``path`` (local storage, or the remote collection)."""
+    def load(
+        cls, path: str | Path, *, api_key: str | None = None, storage: str | Path | None = None
+    ) -> QdrantIndex:
+        """Open what :meth:`save` (or :meth:`snapshot`) recorded in ``path``: local storage in ``path`` (or in
+        ``storage`` for a snapshot of an external collection), or the remote collection."""
         folder = Path(path)
         meta_file = folder / "index.json"
         if not meta_file.is_file():
@@ -158,6 +179,10 @@ class QdrantIndex(VectorIndex):
             raise ValueError(f"{meta_file}: backend is {meta.get('backend')!r}, not 'qdrant'")
         if "url" in meta:
             return cls(meta["dim"], url=meta["url"], api_key=api_key, collection=meta["collection"])
+        if meta.get("external"):
+            if storage is None:
+                raise ValueError(f"{meta_file}: the collection is stored elsewhere; pass its storage folder")
+            return cls(meta["dim"], path=storage, collection=meta["collection"])
         return cls(meta["dim"], path=folder, collection=meta["collection"])
 
     def close(self) -> None:

@@ -1,0 +1,234 @@
+"""The document store (issue #15): any id round-trips, adds are append-only, a crash (kill -9) never leaves a
+store that refuses to open, duplicate ids under concurrency, compaction, kinds and models recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embforge.serve.store import DocumentStore, DuplicateIdError, ModelMismatchError
+
+DIM = 8
+ODD_IDS = ["a\nb", "c\rd", "e\ff", "g\x85h", "i\u2028j", "k\u2029l", " space ", "tab\t", '"quote"', "\\", "日本", "\x00"]
+
+
+def _vectors(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+
+
+def _docs(ids, prefix="text"):
+    return [{"id": i, "text": f"{prefix} {i}", "fields": {"n": n}} for n, i in enumerate(ids)]
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size)
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("kind", ["exact", "hnsw"])
+def test_ids_with_line_breaks_round_trip_through_a_restart(tmp_path: Path, kind: str):
+    if kind != "exact":
+        pytest.importorskip("faiss")
+    vectors = _vectors(len(ODD_IDS))
+    store = DocumentStore.open(tmp_path / "s", dim=DIM, kind=kind)
+    store.add(_docs(ODD_IDS), vectors)
+    store.close()  # compacts: the snapshot holds them now
+    again = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert list(again.docs) == ODD_IDS
+    hits = again.search(vectors, 1)
+    assert [h[0]["id"] for h in hits] == ODD_IDS
+    assert again.docs["i\u2028j"] == {"text": "text i\u2028j", "fields": {"n": 4}}
+    again.add(_docs(["after"]), _vectors(1, 1))  # and from the log, without a compaction
+    third = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert list(third.docs) == [*ODD_IDS, "after"]
+
+
+@pytest.mark.parametrize("kind", ["exact", "flat"])
+def test_index_save_and_load_keep_odd_ids(tmp_path: Path, kind: str):
+    from embforge.retrieval.index.registry import create_index, load_index
+
+    if kind != "exact":
+        pytest.importorskip("faiss")
+    vectors = _vectors(len(ODD_IDS))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = create_index(kind, DIM)
+    index.add(ODD_IDS, vectors)
+    index.save(tmp_path / "i")
+    again = load_index(tmp_path / "i")
+    assert len(again) == len(ODD_IDS)
+    assert again.search(vectors, 1)[1] == [[i] for i in ODD_IDS]
+
+
+def test_adding_documents_appends_and_rewrites_nothing(tmp_path: Path):
+    store = DocumentStore.open(tmp_path / "s", dim=DIM)
+    store.add(_docs([f"d{i}" for i in range(1000)]), _vectors(1000))
+    store.compact()
+    before = _files(tmp_path / "s")
+    store.add(_docs([f"new{i}" for i in range(8)]), _vectors(8, 1))
+    after = _files(tmp_path / "s")
+    changed = {name for name in after if after[name] != before.get(name)}
+    assert len(changed) == 1 and changed.pop().startswith("wal-")  # only the log grew
+    grown = sum(v[2] for v in after.values()) - sum(v[2] for v in before.values())
+    assert grown < 8 * (DIM * 4 + 200)  # the 8 documents, not the 1,008
+    assert len(DocumentStore.open(tmp_path / "s", dim=DIM)) == 1008
+
+
+def test_a_torn_last_record_is_cut_and_the_rest_kept(tmp_path: Path):
+    store = DocumentStore.open(tmp_path / "s", dim=DIM, compact_bytes=None)
+    store.add(_docs(["a", "b"]), _vectors(2))
+    store.add(_docs(["c"]), _vectors(1, 1))
+    log = store._log.path
+    size = log.stat().st_size
+    store._log.close()  # a crash: no close(), no compaction
+    with open(log, "ab") as handle:  # the next add died half-written
+        handle.write(b"EFW1\x40\x00\x00\x00garbage")
+    again = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert list(again.docs) == ["a", "b", "c"]
+    assert log.stat().st_size == size  # the torn tail is gone, appends continue after "c"
+    again.add(_docs(["d"]), _vectors(1, 2))
+    assert list(DocumentStore.open(tmp_path / "s", dim=DIM).docs) == ["a", "b", "c", "d"]
+
+
+def test_a_document_that_cannot_be_stored_changes_nothing(tmp_path: Path):
+    store = DocumentStore.open(tmp_path / "s", dim=DIM)
+    store.add(_docs(["a"]), _vectors(1))
+    for bad in ({"x": float("nan")}, {"x": object()}):
+        with pytest.raises(ValueError, match="cannot be stored"):
+            store.add([{"id": "b", "text": "t", "fields": bad}], _vectors(1, 1))
+    with pytest.raises(ValueError, match="shape"):
+        store.add(_docs(["b"]), _vectors(2))
+    store.add(_docs(["b"]), _vectors(1, 1))  # not jammed: b was never half-added
+    assert list(DocumentStore.open(tmp_path / "s", dim=DIM).docs) == ["a", "b"]
+
+
+def test_concurrent_adds_of_one_id_exactly_one_wins(tmp_path: Path):
+    store = DocumentStore.open(tmp_path / "s", dim=DIM, durable=False)
+    outcomes: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def add(n: int) -> None:
+        barrier.wait()
+        try:
+            store.add([{"id": "same", "text": f"t{n}"}], _vectors(1, n))
+            outcomes.append("ok")
+        except DuplicateIdError as err:
+            outcomes.append(f"dup {err.position}")
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["dup 0"] * 7 + ["ok"]
+    with pytest.raises(DuplicateIdError) as err:
+        store.add(_docs(["new", "new"]), _vectors(2))
+    assert err.value.position == 1
+
+
+def test_compaction_in_the_background_keeps_every_add(tmp_path: Path):
+    store = DocumentStore.open(tmp_path / "s", dim=DIM, durable=False, compact_bytes=2000)
+    for n in range(60):
+        store.add(_docs([f"d{n}"]), _vectors(1, n))
+        if n % 7 == 0:
+            assert store.search(_vectors(1, n), 1)[0][0]["id"] == f"d{n}"
+    deadline = time.time() + 10
+    while not any(p.name.startswith("snap-") for p in (tmp_path / "s").iterdir()) and time.time() < deadline:
+        time.sleep(0.05)
+    store.close()
+    names = sorted(p.name for p in (tmp_path / "s").iterdir())
+    assert len([n for n in names if n.startswith("snap-")]) == 1 and len([n for n in names if n.startswith("wal-")]) == 1
+    again = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert list(again.docs) == [f"d{n}" for n in range(60)]
+
+
+def test_kind_and_model_are_recorded_and_checked(tmp_path: Path):
+    model = {"name": "m", "fingerprint": "abc"}
+    DocumentStore.open(tmp_path / "s", dim=DIM, kind="exact", model=model).close()
+    with pytest.raises(ValueError, match="'exact' but --index-kind is 'hnsw'"):
+        DocumentStore.open(tmp_path / "s", dim=DIM, kind="hnsw")
+    with pytest.raises(ValueError, match="8-d vectors but the model gives 4-d"):
+        DocumentStore.open(tmp_path / "s", dim=4)
+    other = {"name": "other", "fingerprint": "def"}
+    with pytest.raises(ModelMismatchError, match=r"built by 'm'.*--allow-model-mismatch"):
+        DocumentStore.open(tmp_path / "s", dim=DIM, model=other)
+    assert DocumentStore.open(tmp_path / "s", dim=DIM, model=other, allow_model_mismatch=True).model == model
+    assert DocumentStore.open(tmp_path / "s", dim=DIM, model=model).kind == "exact"
+
+
+def test_a_store_of_the_previous_format_with_more_documents_than_vectors_opens(tmp_path: Path):
+    from embforge.retrieval.index.exact import NumpyIndex
+
+    folder = tmp_path / "old"
+    (folder / "index").parent.mkdir(parents=True)
+    index = NumpyIndex(DIM)
+    index.add(["a", "b"], _vectors(2))
+    index.save(folder / "index")
+    (folder / "documents.jsonl").write_text("".join(json.dumps(d) + "\n" for d in _docs(["a", "b", "c"])))
+    (folder / "store.json").write_text(json.dumps({"dim": DIM, "index": "exact", "documents": 3}))
+    store = DocumentStore.open(folder, dim=DIM)  # "3 documents but 2 vectors" used to refuse
+    assert list(store.docs) == ["a", "b"]  # c had no vector: its add was never acknowledged
+    store.close()
+    assert json.loads((folder / "store.json").read_text())["format"] == 2
+    assert list(DocumentStore.open(folder, dim=DIM).docs) == ["a", "b"]
+
+
+WRITER = """
+import sys, numpy as np
+from embforge.serve.store import DocumentStore
+store = DocumentStore.open(sys.argv[1], dim=8, kind=sys.argv[2], compact_bytes=int(sys.argv[3]))
+rng = np.random.default_rng(int(sys.argv[4]))
+n = int(sys.argv[5])
+while True:
+    ids = [f"r{sys.argv[4]}-{n}-{j}" for j in range(4)]
+    print("try", " ".join(ids), flush=True)
+    store.add([{"id": i, "text": "t" + i, "fields": {"j": j}} for j, i in enumerate(ids)], rng.standard_normal((4, 8)))
+    print("ack", " ".join(ids), flush=True)
+    n += 1
+"""
+
+
+@pytest.mark.parametrize("kind", ["exact", "hnsw"])
+def test_kill_9_during_adds_never_loses_or_half_keeps_a_document(tmp_path: Path, kind: str):
+    """A real process adding documents is SIGKILLed at random moments (compactions included); each time the
+    store opens, holds every acknowledged add, and no add partially."""
+    if kind != "exact":
+        pytest.importorskip("faiss")
+    folder, acked, tried = tmp_path / "s", set(), set()
+    rng = np.random.default_rng(0)
+    for cycle in range(4):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(folder), kind, "6000", str(cycle), "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        )
+        assert proc.stdout is not None
+        started = time.time()
+        line = proc.stdout.readline()  # imports done, adding
+        assert line.startswith("try"), line
+        time.sleep(float(rng.uniform(0.05, 0.4)))
+        proc.kill()
+        out, _ = proc.communicate()
+        for record in [line, *out.splitlines()]:
+            words = record.split()
+            (acked if words[0] == "ack" else tried).update(words[1:])
+        assert time.time() - started < 60
+        store = DocumentStore.open(folder, dim=DIM)
+        stored = set(store.docs)
+        assert acked <= stored, f"lost {sorted(acked - stored)[:5]}"
+        groups = {key.rsplit("-", 1)[0] for key in stored}
+        assert all({f"{g}-{j}" for j in range(4)} <= stored for g in groups)  # an add is all or nothing
+        assert stored <= tried
+        assert len(store.index) == len(stored)
+        store._log.close()
