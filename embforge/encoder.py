@@ -119,7 +119,13 @@ class Encoder(PromptTokenizing, nn.Module):
             batch = pack(ids, max_tokens=max_tokens, device=self.device)
             last_only = self.pooling == "lasttoken"
             seed = mix(dropout_seed, where[0]) if self.training and dropout_seed is not None else None
-            hidden = packed_decoder_hidden(self.backbone, batch, last_tokens_only=last_only, seed=seed)
+            hidden = packed_decoder_hidden(
+                self.backbone,
+                batch,
+                last_tokens_only=last_only,
+                seed=seed,
+                checkpoint_layers=self.checkpointing,
+            )
             emb = (hidden if last_only else pool_packed(hidden, batch, self.pooling)).float()
             return self._head(emb)[batch.inverse]
         # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
@@ -335,6 +341,15 @@ class Encoder(PromptTokenizing, nn.Module):
         )
 
 
+def _inside(root: Path, relative: str, source: Path) -> Path:
+    """``root / relative``, refused when it resolves outside ``root`` (an absolute path or ``..`` in a
+    ``modules.json`` of a downloaded model must not read files elsewhere on the machine)."""
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ValueError(f"{source}: module path {relative!r} points outside the model folder {root}")
+    return path
+
+
 def read_st_settings(root: Path) -> dict:
     """Read pooling, normalisation, max length and prompts from a sentence-transformers folder.
 
@@ -346,7 +361,7 @@ def read_st_settings(root: Path) -> dict:
         return settings
     for module in json.loads(modules_file.read_text()):
         kind = module["type"].rsplit(".", 1)[-1]
-        sub = root / module.get("path", "")
+        sub = _inside(root, module.get("path", ""), modules_file)
         if kind == "Transformer":
             settings["transformer_path"] = module.get("path", "")
             for name in ("sentence_bert_config.json", "config_sentence_transformers_transformer.json"):

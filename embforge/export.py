@@ -223,6 +223,9 @@ def _export_bi_encoder(
     from embforge.modeling.onnx_runtime import OnnxEncoder
 
     encoder = Encoder.load(source)
+    from embforge.retrieval.corpus_cache import model_fingerprint
+
+    fingerprint = model_fingerprint(encoder)  # an index built by the source model accepts the export
     if uses_adapters(encoder.backbone):  # a LoRA folder: the graph gets the merged weights
         merge_lora(encoder)
     if dim is not None and not 0 < dim <= encoder.dim:
@@ -251,6 +254,7 @@ def _export_bi_encoder(
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
         "opset": 17,
+        "fingerprint": fingerprint,
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     texts = list(parity_texts or PARITY_SENTENCES)

@@ -162,3 +162,15 @@ def test_reopening_a_store_with_another_kind_names_both(tmp_path: Path):
     DocumentStore.open(tmp_path / "s", dim=4, kind="flat").close()
     with pytest.raises(ValueError, match="kind 'flat' but --index-kind is 'exact'"):
         DocumentStore.open(tmp_path / "s", dim=4, kind="exact")
+
+
+def test_an_onnx_export_of_the_building_model_is_the_same_model(tiny_model_dir: Path, tmp_path: Path):
+    pytest.importorskip("onnxruntime")
+    from embforge.encoder import Encoder
+    from embforge.export import export_onnx
+    from embforge.serve.store import model_identity
+
+    export_onnx(tiny_model_dir, tmp_path / "onnx", parity_texts=["a man plays the guitar", "the cat"])
+    onnx = Encoder.load(tmp_path / "onnx", backend="onnx")
+    torch_model = Encoder.load(tiny_model_dir)
+    assert model_identity(onnx, "x")["fingerprint"] == model_identity(torch_model, "y")["fingerprint"]

@@ -17,7 +17,20 @@ import pytest
 from embforge.serve.store import DocumentStore, DuplicateIdError, ModelMismatchError
 
 DIM = 8
-ODD_IDS = ["a\nb", "c\rd", "e\ff", "g\x85h", "i\u2028j", "k\u2029l", " space ", "tab\t", '"quote"', "\\", "日本", "\x00"]
+ODD_IDS = [
+    "a\nb",
+    "c\rd",
+    "e\ff",
+    "g\x85h",
+    "i\u2028j",
+    "k\u2029l",
+    " space ",
+    "tab\t",
+    '"quote"',
+    "\\",
+    "日本",
+    "\x00",
+]
 
 
 def _vectors(n: int, seed: int = 0) -> np.ndarray:
@@ -147,7 +160,10 @@ def test_compaction_in_the_background_keeps_every_add(tmp_path: Path):
         time.sleep(0.05)
     store.close()
     names = sorted(p.name for p in (tmp_path / "s").iterdir())
-    assert len([n for n in names if n.startswith("snap-")]) == 1 and len([n for n in names if n.startswith("wal-")]) == 1
+    assert (
+        len([n for n in names if n.startswith("snap-")]) == 1
+        and len([n for n in names if n.startswith("wal-")]) == 1
+    )
     again = DocumentStore.open(tmp_path / "s", dim=DIM)
     assert list(again.docs) == [f"d{n}" for n in range(60)]
 
