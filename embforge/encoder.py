@@ -119,13 +119,7 @@ class Encoder(PromptTokenizing, nn.Module):
             batch = pack(ids, max_tokens=max_tokens, device=self.device)
             last_only = self.pooling == "lasttoken"
             seed = mix(dropout_seed, where[0]) if self.training and dropout_seed is not None else None
-            hidden = packed_decoder_hidden(
-                self.backbone,
-                batch,
-                last_tokens_only=last_only,
-                seed=seed,
-                checkpoint_layers=self.checkpointing,
-            )
+            hidden = packed_decoder_hidden(self.backbone, batch, last_tokens_only=last_only, seed=seed)
             emb = (hidden if last_only else pool_packed(hidden, batch, self.pooling)).float()
             return self._head(emb)[batch.inverse]
         # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
