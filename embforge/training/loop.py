@@ -7,6 +7,7 @@ and resuming are plain lines in one loop.
 from __future__ import annotations
 
 import json
+import os
 import math
 import random
 import time
@@ -28,6 +29,7 @@ from embforge.training.checkpoints import (
     set_rng_state,
 )
 from embforge.training.config import TrainConfig
+from embforge.training.distributed import DataParallel, barrier, init_from_env, is_main, rank_device
 from embforge.training.sampling import TaskPlan, row_texts, uses_in_batch_negatives
 from embforge.training.step import cached_step
 from embforge.training.tasks import PreparedTask, Task, prepare
@@ -118,7 +120,11 @@ def train(
     """
     out = Path(config.output)
     out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(config.device)
+    world = init_from_env()  # under torchrun: join the process group (training/distributed.py)
+    device = rank_device(resolve_device(config.device))
+    main = is_main()  # rank 0 writes metrics, checkpoints and models
+    if world > 1 and refresher is not None:
+        raise ValueError("negative refresh during training does not run under torchrun yet; train without it")
     seed_everything(config.seed)
     model.to(device)
     if config.gradient_checkpointing:
@@ -176,20 +182,23 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
-        _log(out, {"event": "resume", "from": resume_from.name, **progress})
+        if main:
+            _log(out, {"event": "resume", "from": resume_from.name, **progress})
     if dynamic is not None and "dynamic_weights" in progress:
         dynamic.load_state_dict(progress["dynamic_weights"])
 
+    # torchrun: the model in DDP, every rank computing its part of each batch (training/distributed.py)
+    parallel = DataParallel(model, gather=config.gather_negatives) if world > 1 else None
     plan = plan_for(progress["epoch"])
-    metrics_file = out / "metrics.jsonl"
-    bar = tqdm(total=total_steps, initial=progress["step"], disable=config.quiet, desc="train")
+    metrics_file = out / "metrics.jsonl" if main else Path(os.devnull)  # the other ranks log nowhere
+    bar = tqdm(total=total_steps, initial=progress["step"], disable=config.quiet or not main, desc="train")
     running, started, step_pairs = [], time.perf_counter(), 0
     task_running: dict[str, list[float]] = {}
     last_metrics: dict[str, float] = {}
     model.train()
     while progress["step"] < total_steps:
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(config.grad_accum):
+        for micro in range(config.grad_accum):
             if progress["position"] >= len(plan):
                 progress["epoch"] += 1
                 progress["position"] = 0
@@ -198,10 +207,13 @@ def train(
             batch = plan.take(progress, dynamic.weights if dynamic is not None else weights)
             task, rows = prepared[batch.task], batch.rows
             seed = int(torch.randint(0, 2**62, ()).item())  # this micro-step's dropout masks (modeling/dropout.py)
+            net: Any = model
+            if parallel is not None:  # this rank's part of the batch; DDP syncs in the last micro-step
+                net, task, rows = parallel.shard(task, rows, sync=micro == config.grad_accum - 1)
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 if config.mini_batch_size:  # GradCache (training/step.py): same loss and gradients, less memory
                     loss = cached_step(
-                        model,
+                        net,
                         task,
                         rows,
                         mini_batch_size=config.mini_batch_size,
@@ -210,10 +222,12 @@ def train(
                         backward=backward,
                     )
                 else:
-                    embeddings = model(task.inputs(rows), max_tokens=chunk_tokens, dropout_seed=seed)
+                    embeddings = net(task.inputs(rows), max_tokens=chunk_tokens, dropout_seed=seed)
                     loss = task.loss_fn(embeddings, task.labels(rows))
             if not config.mini_batch_size:
                 backward(loss)
+            if parallel is not None:  # one value on every rank: the log, this check, the task weights
+                loss = parallel.mean(loss)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"loss became {loss.item()} at step {progress['step'] + 1} "
@@ -224,6 +238,8 @@ def train(
             if dynamic is not None:
                 dynamic.observe(batch.task, running[-1])
             step_pairs += len(batch.rows)
+        if parallel is not None:  # the loss modules' own parameters are not in DDP
+            parallel.reduce_loss_gradients(losses)
         scaler.unscale_(optimizer)
         if config.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(
@@ -261,9 +277,11 @@ def train(
                 },
             )
             task_running = {}
-        if evaluator is not None and (
+        evaluate = evaluator is not None and (
             (config.eval_every and step % config.eval_every == 0) or step == total_steps
-        ):
+        )
+        if evaluate and main:  # rank 0 evaluates, the other ranks wait at the barrier below
+            assert evaluator is not None
             last_metrics = evaluator(model)
             model.train()
             _append_jsonl(metrics_file, {"step": step, "eval": last_metrics})
@@ -271,6 +289,8 @@ def train(
             if value is not None and (progress["best"] is None or value > progress["best"]["value"]):
                 progress["best"] = {"step": step, "value": value}
                 atomic_dir(out / "best", model.save)
+        if evaluate:
+            barrier()
         fresh = refresher(step, model) if refresher is not None else None
         if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
             tasks = fresh
@@ -278,7 +298,7 @@ def train(
             plan = plan_for(progress["epoch"])
             model.train()
             progress["refreshed_at"] = step  # saved below: on resume the refresher restores these tasks
-        if config.save_every and (step % config.save_every == 0 or step == total_steps):
+        if main and config.save_every and (step % config.save_every == 0 or step == total_steps):
             save_checkpoint(
                 checkpoints,
                 model=model,
@@ -296,7 +316,8 @@ def train(
     if close is not None:
         close()
     seconds = time.perf_counter() - started
-    model.save(out)
+    if main:
+        model.save(out)
     model.eval()
     summary = {
         "steps": progress["step"],
@@ -305,7 +326,9 @@ def train(
         "final": last_metrics,
         "best": progress["best"],
     }
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if main:
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    barrier()  # torchrun: the other ranks return once rank 0 has saved the model
     return summary
 
 

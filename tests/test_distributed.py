@@ -1,0 +1,189 @@
+"""torchrun data parallelism: 2 gloo processes on loopback end with the weights of one process at the same batch.
+
+One process group runs every 2-process training below (process start-up is the slow part); each test then runs
+the same training in this process and compares the final weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from embforge.encoder import Encoder
+from embforge.training.distributed import spans_for
+from tests.conftest import make_bert, make_tokenizer
+from tests.distributed_helpers import gather_check, run_training, run_trainings, spawn
+
+WORDS = [
+    "a",
+    "the",
+    "cat",
+    "dog",
+    "man",
+    "woman",
+    "plays",
+    "guitar",
+    "piano",
+    "flute",
+    "plane",
+    "car",
+    "road",
+    "red",
+    "blue",
+    "green",
+    "small",
+    "big",
+    "house",
+    "tree",
+]
+BASE = {
+    "max_steps": 5,
+    "batch_size": 64,
+    "amp": "no",
+    "lr": 1e-3,
+    "seed": 3,
+    "save_every": 0,
+    "device": "cpu",
+}
+
+
+def texts(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 12)))) for _ in range(n)]
+
+
+def write_jsonl(path, columns: dict[str, list]) -> str:
+    rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def save_model(path, *, dropout: bool) -> str:
+    tokenizer = make_tokenizer()
+    backbone = make_bert(len(tokenizer))
+    if not dropout:
+        backbone.config.hidden_dropout_prob = 0.0
+        backbone.config.attention_probs_dropout_prob = 0.0
+    Encoder(backbone, tokenizer, pooling="mean", max_seq_length=64).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The specs, and the folder where the 2-process runs wrote their models."""
+    root = tmp_path_factory.mktemp("distributed")
+    model = save_model(root / "model", dropout=True)
+    still = save_model(root / "model-no-dropout", dropout=False)
+    triplets = write_jsonl(
+        root / "triplets.jsonl",
+        {"anchor": texts(200, 1), "positive": texts(200, 2), "negative": texts(200, 3)},
+    )
+    pairs = write_jsonl(root / "pairs.jsonl", {"anchor": texts(160, 4), "positive": texts(160, 5)})
+    scores = np.random.default_rng(6).uniform(0, 5, 150).round(2).tolist()
+    sts = write_jsonl(
+        root / "sts.jsonl", {"sentence1": texts(150, 7), "sentence2": texts(150, 8), "score": scores}
+    )
+    hard = [("triplets", triplets, "infonce", {})]
+    symmetric = [("triplets", triplets, "infonce", {"symmetric": True})]
+    two = [("sts", sts, "cosent", {}), ("pairs", pairs, "infonce", {"matryoshka_dims": [32, 16]})]
+    specs = {
+        "hard-negatives, dropout off": {"model": still, "tasks": hard, "config": BASE},
+        "hard-negatives symmetric, dropout on": {"model": model, "tasks": symmetric, "config": BASE},
+        "two tasks (cosent + matryoshka infonce)": {"model": model, "tasks": two, "config": BASE},
+        "cached, hard-negatives symmetric": {
+            "model": model,
+            "tasks": symmetric,
+            "config": {**BASE, "mini_batch_size": 40},
+        },
+        "cached, two tasks": {"model": model, "tasks": two, "config": {**BASE, "mini_batch_size": 40}},
+        "two tasks, batch 32 x 2 accumulated": {
+            "model": model,
+            "tasks": two,
+            "config": {**BASE, "batch_size": 32, "grad_accum": 2},
+        },
+        "two tasks, killed after step 3 and resumed": {
+            "model": model,
+            "tasks": two,
+            "config": {**BASE, "save_every": 1},
+            "stop_after": 3,
+        },
+        "local losses (gather_negatives off)": {
+            "model": model,
+            "tasks": symmetric,
+            "config": {**BASE, "gather_negatives": False},
+        },
+    }
+    named = [{"name": f"run{i}", **spec} for i, spec in enumerate(specs.values())]
+    spawn(run_trainings, named, str(root / "two-processes"), world=2)
+    return {name: (spec, root / "two-processes" / spec["name"]) for name, spec in zip(specs, named)}
+
+
+def max_diff(a: Encoder, b: Encoder) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process run of a spec (plain step, no interruption), computed once per distinct training."""
+    done: dict[str, Encoder] = {}
+
+    def run(spec) -> Encoder:
+        config = {k: v for k, v in spec["config"].items() if k not in ("mini_batch_size", "gather_negatives")}
+        single = {"model": spec["model"], "tasks": spec["tasks"], "config": {**config, "save_every": 0}}
+        key = json.dumps(single, sort_keys=True)
+        if key not in done:
+            folder = tmp_path_factory.mktemp("one-process")
+            run_training(single, str(folder))
+            done[key] = Encoder.load(folder)
+        return done[key]
+
+    return run
+
+
+EQUAL = [
+    "hard-negatives, dropout off",
+    "hard-negatives symmetric, dropout on",
+    "two tasks (cosent + matryoshka infonce)",
+    "cached, hard-negatives symmetric",  # 2 processes, cached step == 1 process, plain step
+    "cached, two tasks",
+    "two tasks, batch 32 x 2 accumulated",
+]
+
+
+@pytest.mark.parametrize("name", EQUAL)
+def test_two_processes_end_with_the_weights_of_one(runs, one_process, name):
+    spec, folder = runs[name]
+    one = one_process(spec)
+    assert max_diff(Encoder.load(folder), one) <= 1e-5
+    assert max_diff(one, Encoder.load(spec["model"])) > 1e-3  # it did train
+
+
+def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(runs):
+    _, resumed = runs["two tasks, killed after step 3 and resumed"]
+    _, uninterrupted = runs["two tasks (cosent + matryoshka infonce)"]
+    assert max_diff(Encoder.load(resumed), Encoder.load(uninterrupted)) <= 1e-5
+    records = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["from"] for r in records if r.get("event") == "resume"] == [
+        "checkpoint-3"
+    ]  # rank 0 logs it once
+
+
+def test_without_gather_each_rank_has_its_own_loss(runs, one_process):
+    """Local in-batch negatives (32 rows per rank, not 64): a different training from one process."""
+    spec, folder = runs["local losses (gather_negatives off)"]
+    assert max_diff(Encoder.load(folder), one_process(spec)) > 1e-4
+
+
+def test_spans_cover_every_item_once():
+    for n in range(0, 9):
+        for world in (1, 2, 3, 4):
+            spans = spans_for(n, world)
+            assert [i for s, e in spans for i in range(s, e)] == list(range(n))
+            assert max(e - s for s, e in spans) - min(e - s for s, e in spans) <= 1
+
+
+def test_gather_keeps_the_local_slice_of_the_gradient():
+    """3 ranks, 2 rows: the third rank holds a placeholder row, which gets no place and a zero gradient."""
+    spawn(gather_check, world=3)
