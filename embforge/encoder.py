@@ -119,7 +119,13 @@ class Encoder(PromptTokenizing, nn.Module):
             batch = pack(ids, max_tokens=max_tokens, device=self.device)
             last_only = self.pooling == "lasttoken"
             seed = mix(dropout_seed, where[0]) if self.training and dropout_seed is not None else None
-            hidden = packed_decoder_hidden(self.backbone, batch, last_tokens_only=last_only, seed=seed)
+            hidden = packed_decoder_hidden(
+                self.backbone,
+                batch,
+                last_tokens_only=last_only,
+                seed=seed,
+                checkpoint_layers=self.checkpointing,
+            )
             emb = (hidden if last_only else pool_packed(hidden, batch, self.pooling)).float()
             return self._head(emb)[batch.inverse]
         # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
@@ -293,6 +299,7 @@ class Encoder(PromptTokenizing, nn.Module):
         if settings.get("max_seq_length") is None:
             settings["max_seq_length"] = min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
         model = cls(backbone, tokenizer, **settings)
+        model.name_or_path = str(path)  # what it was loaded as (alias, Hub id, folder): the model card's base model
         if device is not None:
             model.to(device)
         return model

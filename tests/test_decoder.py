@@ -195,3 +195,25 @@ def test_onnx_export_keeps_last_token_pooling_and_eos(tmp_path):
     onnx = OnnxEncoder.load(tmp_path / "onnx")
     assert onnx.tokenize_ids(TEXTS) == encoder.tokenize_ids(TEXTS)
     np.testing.assert_allclose(onnx.encode(TEXTS, batch_size=4), encoder.encode(TEXTS), atol=1e-4)
+
+
+def test_gradient_checkpointing_keeps_values_and_gradients():
+    encoder = make_decoder_encoder("llama").train()
+    ids = encoder.tokenize_ids(TEXTS)
+    weight = torch.randn(len(ids), encoder.dim, generator=torch.Generator().manual_seed(3))
+    calls = []
+    mlp = encoder.backbone.layers[0].mlp
+    forward = mlp.forward
+    mlp.forward = lambda x: calls.append(1) or forward(x)  # (module hooks do not fire on recomputation)
+    results = []
+    for enabled in (False, True):
+        encoder.zero_grad()
+        encoder.gradient_checkpointing(enabled)
+        emb = encoder.embed_ids(ids, max_tokens=16)
+        (emb * weight).sum().backward()
+        results.append((emb.detach(), grads(encoder)))
+    assert len(calls) == 3  # once without checkpointing; forward + recomputation with it
+    (plain, plain_grads), (checkpointed, checkpointed_grads) = results
+    torch.testing.assert_close(checkpointed, plain, atol=0, rtol=0)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(checkpointed_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)

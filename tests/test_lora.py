@@ -242,3 +242,28 @@ def test_cli_train_with_lora_flags_saves_a_merged_model(tmp_path, tiny_model_dir
     command += ["--output", str(out), "--max-steps", "3", "--lora-r", "4", "--merge-lora", "--quiet"]
     subprocess.run(command, check=True, capture_output=True, text=True)
     assert not has_adapter(out) and has_adapter(out / "checkpoints" / "checkpoint-3" / "model")
+
+
+def test_decoder_lora_dropout_replays_under_a_seed_and_under_gradient_checkpointing():
+    encoder = make_decoder_encoder("qwen3").train()
+    apply_lora(encoder, r=4, dropout=0.3)
+    nonzero_adapters(encoder)
+    ids = encoder.tokenize_ids(TEXTS)
+    weight = torch.randn(len(ids), encoder.dim, generator=torch.Generator().manual_seed(2))
+
+    def step(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        encoder.zero_grad()
+        encoder.checkpointing = checkpointing
+        emb = encoder(ids, dropout_seed=7)
+        (emb * weight).sum().backward()
+        return emb.detach(), {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+
+    plain, plain_grads = step(False)
+    assert not torch.allclose(plain, encoder(ids, dropout_seed=8))  # the seed picks the masks
+    again, checkpointed_grads = step(True)
+    torch.testing.assert_close(
+        again, plain, atol=0, rtol=0
+    )  # a cached step's second pass sees the same masks
+    assert plain_grads.keys() == checkpointed_grads.keys() and all("lora_" in n for n in plain_grads)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(checkpointed_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.decoder import base_model
 from embforge.modeling.packing import PackedBatch
@@ -45,7 +47,12 @@ def supports_decoder_packing(backbone: Any) -> bool:
 
 
 def packed_decoder_hidden(
-    backbone: Any, batch: PackedBatch, *, last_tokens_only: bool = False, seed: int | None = None
+    backbone: Any,
+    batch: PackedBatch,
+    *,
+    last_tokens_only: bool = False,
+    seed: int | None = None,
+    checkpoint_layers: bool = False,
 ) -> Tensor:
     """Last hidden states ``(tokens, hidden)`` of a decoder for a :class:`~embforge.modeling.packing.PackedBatch`.
 
@@ -53,36 +60,55 @@ def packed_decoder_hidden(
     last-token pooling reads (the final norm then runs on those rows only). ``seed`` (training): run under
     torch's generator seeded with it, so the only dropout these models have (LoRA's, and attention dropout when
     a config sets it) repeats exactly when the same texts are forwarded again (a cached step's second pass).
+    ``checkpoint_layers``: keep only each layer's input and recompute the layer in the backward pass (gradient
+    checkpointing; the recomputation replays the same dropout masks).
     """
     if seed is None:
-        return _forward(base_model(backbone), batch, last_tokens_only)
+        return _forward(base_model(backbone), batch, last_tokens_only, checkpoint_layers)
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        return _forward(base_model(backbone), batch, last_tokens_only)
+        return _forward(base_model(backbone), batch, last_tokens_only, checkpoint_layers)
 
 
-def _forward(model: Any, batch: PackedBatch, last_tokens_only: bool) -> Tensor:
+def _forward(model: Any, batch: PackedBatch, last_tokens_only: bool, checkpoint_layers: bool) -> Tensor:
     hidden = model.embed_tokens(batch.input_ids)
     cos, sin = model.rotary_emb(hidden[None], batch.position_ids[None])
     varlen = _flash_varlen(batch, hidden)
     for layer in model.layers[: model.config.num_hidden_layers]:
-        attention = layer.self_attn
-        context = _self_attention(
-            attention, layer.input_layernorm(hidden), (cos, sin), batch, varlen, _window(model, attention)
+        run = partial(
+            _layer, layer, rotary=(cos, sin), batch=batch, varlen=varlen, window=_window(model, layer)
         )
-        hidden = hidden + attention.o_proj(context)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if checkpoint_layers and torch.is_grad_enabled():
+            hidden = checkpoint(run, hidden, use_reentrant=False)
+        else:
+            hidden = run(hidden)
     if last_tokens_only:
         hidden = hidden.index_select(0, batch.offsets + batch.lengths - 1)
     return model.norm(hidden)
 
 
-def _window(model: Any, attention: Any) -> int | None:
+def _layer(
+    layer: Any,
+    hidden: Tensor,
+    *,
+    rotary: tuple[Tensor, Tensor],
+    batch: PackedBatch,
+    varlen: Any,
+    window: int | None,
+) -> Tensor:
+    """One decoder layer on packed tokens: pre-norm attention and pre-norm MLP, each added to the residual."""
+    attention = layer.self_attn
+    context = _self_attention(attention, layer.input_layernorm(hidden), rotary, batch, varlen, window)
+    hidden = hidden + attention.o_proj(context)
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def _window(model: Any, layer: Any) -> int | None:
     """The layer's sliding window in tokens (keys ``i - window < j <= i``), or ``None`` for full causal attention."""
     if type(model).__name__ == "MistralModel":  # Mistral applies config.sliding_window in every layer
         return getattr(model.config, "sliding_window", None)
-    return getattr(attention, "sliding_window", None)
+    return getattr(layer.self_attn, "sliding_window", None)
 
 
 def _self_attention(
