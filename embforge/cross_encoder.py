@@ -65,6 +65,8 @@ class CrossEncoder(nn.Module):
         (1,)
     """
 
+    name_or_path: str | None = None  # set by load()
+
     def __init__(
         self, model: Any, tokenizer: Any, *, max_seq_length: int = 512, activation: str | None = None
     ) -> None:
@@ -311,6 +313,7 @@ class CrossEncoder(nn.Module):
         if has_adapter(root) and is_cross_encoder_folder(root):  # LoRA: base + adapter/ (modeling/lora.py)
             model = load_adapter(model, root)
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
+        ce.name_or_path = str(path)  # as loaded: alias, Hub id or folder
         if device is not None:
             ce.to(device)
         return ce

@@ -46,6 +46,8 @@ class Encoder(PromptTokenizing, nn.Module):
         (2, 384)
     """
 
+    name_or_path: str | None = None  # set by load()
+
     def __init__(
         self,
         backbone: Any,
@@ -299,7 +301,7 @@ class Encoder(PromptTokenizing, nn.Module):
         if settings.get("max_seq_length") is None:
             settings["max_seq_length"] = min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
         model = cls(backbone, tokenizer, **settings)
-        model.name_or_path = str(path)  # what it was loaded as (alias, Hub id, folder): the model card's base model
+        model.name_or_path = str(path)  # as loaded: alias, Hub id or folder
         if device is not None:
             model.to(device)
         return model

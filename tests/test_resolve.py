@@ -48,6 +48,7 @@ def test_hub_id_resolves_from_the_local_cache(hub_cache, tiny_model_dir, tiny_en
     assert hub_cache_dir() == hub_cache
     assert resolve_model_path("tiny-org/tiny-bert").resolve() == snapshot.resolve()
     loaded = Encoder.load("tiny-org/tiny-bert")
+    assert loaded.name_or_path == "tiny-org/tiny-bert"  # what the model card names as the base model
     np.testing.assert_allclose(
         loaded.encode(["a cat", "a dog"]), tiny_encoder.encode(["a cat", "a dog"]), atol=1e-6
     )

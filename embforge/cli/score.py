@@ -28,7 +28,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="teacher kind (default: auto, from the folder's config)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing score/label column")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="texts per forward pass (default %(default)s)"
+    )
     parser.set_defaults(func=run_score)
 
 
