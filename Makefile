@@ -8,24 +8,39 @@ STSB := $(DATA)/stsb_en
 RUN ?= runs/stsb-cosent
 STAMP := $(VENV)/.installed
 
-.PHONY: main test lint install clean teacher
+TORCH := 2.13.0
+LOCK := constraints.txt
 
-$(STAMP): pyproject.toml
+.PHONY: main test lint install lock clean teacher
+
+# every package at the exact version of $(LOCK), so a new release of ruff, transformers ... cannot break make test
+$(STAMP): pyproject.toml $(LOCK)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch pinned here (a CPU build on this machine's disk); the library itself only needs torch>=2.2
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[all,dev]'
+	$(BIN)/pip install -q -c $(LOCK) --upgrade pip
+	# torch pinned here (the CPU build where the machine has one); the library itself needs torch>=2.4 (pyproject)
+	$(BIN)/pip install -q -c $(LOCK) torch==$(TORCH)
+	$(BIN)/pip install -q -c $(LOCK) -e '.[all,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# take the newest releases pyproject.toml's ranges allow and pin them in $(LOCK); then run make test and commit it
+lock:
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade --upgrade-strategy eager torch==$(TORCH) -e '.[all,dev]'
+	( echo "# Exact versions make test passes with; make install uses them (pip install -c $(LOCK))."; \
+	  echo "# Refresh with make lock (pip freeze of a venv with embforge[all,dev]; local +cpu labels dropped)."; \
+	  $(BIN)/pip freeze --all --exclude-editable | grep -v -e '^embforge==' -e '^#' | sed -E 's/\+[a-z0-9.]+$$//' \
+	) > $(LOCK)
+	touch $(STAMP)
 
 main: $(STAMP)
 	@mkdir -p $(dir $(RUN))
 	@echo "== zero-shot all-MiniLM-L6-v2 on STS-B test"
 	$(EF) eval sts --model all-MiniLM-L6-v2 --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).zero-shot.json
 	@echo "== fine-tune on STS-B train (CoSENT, lr 5e-5, batch 32, 1 epoch) -> $(RUN)"
-	$(EF) train --train $(STSB)/stsb-en-train.csv --eval $(STSB)/stsb-en-dev.csv --output $(RUN) --quiet | tail -n 1
+	$(EF) train --train $(STSB)/stsb-en-train.csv --eval $(STSB)/stsb-en-dev.csv --output $(RUN) | tail -n 1
 	@echo "== fine-tuned model on STS-B test"
 	$(EF) eval sts --model $(RUN) --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).fine-tuned.json
 	@$(BIN)/python -c "import json; z=json.load(open('$(RUN).zero-shot.json')); f=json.load(open('$(RUN).fine-tuned.json')); print(f'STS-B test Spearman: zero-shot {z[\"spearman\"]:.2f} -> fine-tuned {f[\"spearman\"]:.2f}  (model saved in $(RUN))')"
@@ -36,6 +51,7 @@ teacher: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check embforge tests benchmarks
+	$(BIN)/ruff format --check embforge tests benchmarks
 	$(BIN)/mypy
 
 test: $(STAMP) lint
