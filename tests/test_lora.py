@@ -267,3 +267,13 @@ def test_decoder_lora_dropout_replays_under_a_seed_and_under_gradient_checkpoint
     assert plain_grads.keys() == checkpointed_grads.keys() and all("lora_" in n for n in plain_grads)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(checkpointed_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_seed_fixes_the_initial_adapters_and_leaves_the_global_generator_alone(tiny_model_dir):
+    first = adapter_weights(apply_lora(Encoder.load(tiny_model_dir), r=4, seed=3))
+    state = torch.get_rng_state()
+    second = adapter_weights(apply_lora(Encoder.load(tiny_model_dir), r=4, seed=3))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    other = adapter_weights(apply_lora(Encoder.load(tiny_model_dir), r=4, seed=4))
+    assert any(not torch.equal(first[k], other[k]) for k in first if "lora_A" in k)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from embforge._optional import require
@@ -123,6 +124,7 @@ def apply_lora(
     alpha: float | None = None,
     dropout: float = 0.0,
     targets: str | Sequence[str] | None = ALL_LINEAR,
+    seed: int | None = None,
 ) -> Any:
     """Wrap ``model``'s Hugging Face module with LoRA adapters (in place) and return ``model``.
 
@@ -133,6 +135,8 @@ def apply_lora(
         dropout: Dropout on the adapters' input during training.
         targets: ``"all-linear"`` (every linear layer but output heads; a BERT bi-encoder's unused pooler is
             left out), or module-name suffixes, as a list or a comma-separated string.
+        seed: Draw the adapters' random initial ``A`` matrices from this seed (torch's global generator is left
+            as it was); ``None`` draws them from the global generator.
     """
     peft = require("peft")
     if r < 1:
@@ -153,7 +157,13 @@ def apply_lora(
         target_modules=target_modules,
         task_type=task_type,
     )
-    setattr(model, attr, peft.get_peft_model(module, config))
+    if seed is None:
+        setattr(model, attr, peft.get_peft_model(module, config))
+        return model
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        setattr(model, attr, peft.get_peft_model(module, config))
     return model
 
 
