@@ -209,3 +209,14 @@ def test_rerank_reports_the_reranker_name(tiny_encoder):
         body = client.post("/rerank", json={"query": "q", "documents": ["a", "b"]}).json()
         assert body["model"] == "my-reranker"
         assert client.post("/v1/embeddings", json={"input": "a"}).json()["model"] == "my-embedder"
+
+
+def test_framework_errors_are_json_errors_too(tiny_encoder):
+    """Found by the schemathesis run: a body that is not UTF-8 got FastAPI's {"detail": ...}, not our error."""
+    with client_for(tiny_encoder) as client:
+        bad = client.post("/v1/embeddings", content=b"\xa6J\xa1\xdb", headers=JSON)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "body"
+        assert "UTF-8" in bad.json()["error"]["message"]
+        assert client.get("/nowhere").json()["error"]["message"] == "Not Found"
+        wrong = client.get("/v1/embeddings")
+        assert wrong.status_code == 405 and wrong.json()["error"]["message"] == "Method Not Allowed"

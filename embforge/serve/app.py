@@ -37,6 +37,7 @@ from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import PlainTextResponse, Response  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
+from starlette.exceptions import HTTPException  # noqa: E402
 
 
 class EmbeddingRequest(BaseModel):
@@ -190,6 +191,14 @@ def create_app(
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:
         return _error(err.status, err.message, err.param, err.kind)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> Response:
+        """The framework's own 4xx (unknown path, wrong method, a body that is not UTF-8 JSON) in our format."""
+        message = err.detail if isinstance(err.detail, str) else str(err.detail)
+        if err.status_code == 400 and "parsing the body" in message:
+            message = "the body could not be read as JSON (it must be UTF-8 encoded JSON)"
+        return _error(err.status_code, message, "body" if err.status_code == 400 else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> Response:
