@@ -172,11 +172,65 @@ def test_mixed_precision_on_cpu_trains_with_finite_loss(tmp_path, tiny_model_dir
         quiet=True,
         save_every=0,
     )
-    summary = train(
-        Encoder.load(tiny_model_dir), [Task("sts", read_table(sts_csv), get_loss("cosent"))], config
+    model = Encoder.load(tiny_model_dir)
+    seen: list[torch.dtype] = []  # the dtype of a linear layer's output inside the training forward
+    hook = model.backbone.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda _module, _inputs, output: seen.append(output.dtype)
     )
+    summary = train(model, [Task("sts", read_table(sts_csv), get_loss("cosent"))], config)
+    hook.remove()
     assert summary["steps"] == 3
-    losses = [
-        json.loads(line)["loss"] for line in (tmp_path / amp / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert all(np.isfinite(losses))
+    assert seen and set(seen) == {torch.bfloat16 if amp == "bf16" else torch.float16}  # autocast was on
+    records = [json.loads(line) for line in (tmp_path / amp / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["loss"]) for r in records if "loss" in r)
+
+
+def _step_gradients(tmp_path, model_dir, data, name, **settings):
+    """Train one step without dropout; return every parameter's gradient of that step."""
+    model = Encoder.load(model_dir)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    captured = {}
+
+    def on_step(_step):
+        captured.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+    config = TrainConfig(
+        output=str(tmp_path / name), max_steps=1, quiet=True, save_every=0, amp="no", **settings
+    )
+    train(model, [Task("sts", read_table(data), get_loss("mse"))], config, on_step=on_step)
+    return captured
+
+
+def test_gradient_accumulation_equals_one_large_batch(tmp_path, tiny_model_dir, sts_csv):
+    """Batch 32 in one micro-step or 2 x 16 accumulated: the same gradients (a mean loss, no dropout)."""
+    whole = _step_gradients(tmp_path, tiny_model_dir, sts_csv, "whole", batch_size=32, max_grad_norm=0)
+    halves = _step_gradients(
+        tmp_path, tiny_model_dir, sts_csv, "halves", batch_size=16, grad_accum=2, max_grad_norm=0
+    )
+    assert whole.keys() == halves.keys() and len(whole) > 10
+    for name, grad in whole.items():
+        torch.testing.assert_close(halves[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_clipping_scales_the_gradient_to_the_max_norm(tmp_path, tiny_model_dir, sts_csv):
+    free = _step_gradients(tmp_path, tiny_model_dir, sts_csv, "free", batch_size=32, max_grad_norm=0)
+    clipped = _step_gradients(tmp_path, tiny_model_dir, sts_csv, "clip", batch_size=32, max_grad_norm=1e-3)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in free.values()]))
+    assert norm > 1e-3
+    for name, grad in free.items():
+        torch.testing.assert_close(clipped[name], grad * (1e-3 / (norm + 1e-6)), atol=1e-9, rtol=1e-4)
+
+
+def test_learning_rate_follows_linear_warmup_then_linear_decay(tmp_path, tiny_model_dir, sts_csv):
+    config = TrainConfig(
+        output=str(tmp_path / "lr"), max_steps=10, warmup_ratio=0.3, lr=1e-3, batch_size=8, log_every=1,
+        quiet=True, save_every=0, amp="no",
+    )
+    train(Encoder.load(tiny_model_dir), [Task("sts", read_table(sts_csv), get_loss("cosent"))], config)
+    records = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in records if "lr" in r]
+    # the lr logged after step s is the one the next step uses: warm-up over 3 steps, then linear to 0 at step 10
+    expected = [1e-3 * (s + 1) / 3 if s < 3 else 1e-3 * (10 - s) / 7 for s in range(1, 11)]
+    np.testing.assert_allclose(lrs, expected, rtol=1e-6)

@@ -89,8 +89,9 @@ class LayerMasks:
     def _rows(self, n: int) -> int:
         return n if self.rows is None else min(self.rows, n)
 
-    def attention(self, first: int, texts: int, width: int, dtype: torch.dtype) -> Tensor | None:
-        """Scaled keep-mask ``(texts, heads, query rows, width)`` for texts ``first..first+texts`` of a block."""
+    def attention(self, first: int, texts: int, width: int) -> Tensor | None:
+        """Drop-mask ``(texts, heads, query rows, width)`` (True: dropped) for texts ``first..first+texts`` of a
+        block; the caller scales what is kept by :attr:`attention_scale`."""
         if self.p_attention <= 0:
             return None
         q_width = width if self.rows is None else min(self.rows, width)
@@ -99,8 +100,11 @@ class LayerMasks:
             n = self.lengths[first + i]
             q = self._rows(n)
             block[i, :q, :, :n] = self.draws[first + i][: q * self.heads * n].view(q, self.heads, n)
-        keep = block.permute(0, 2, 1, 3) >= round(self.p_attention * 32768)
-        return keep.to(dtype).mul_(1.0 / (1.0 - self.p_attention))
+        return block.permute(0, 2, 1, 3) < round(self.p_attention * 32768)
+
+    @property
+    def attention_scale(self) -> float:
+        return 1.0 / (1.0 - self.p_attention)
 
     def hidden_mask(self, site: int, dtype: torch.dtype) -> Tensor | None:
         """Scaled keep-mask ``(rows, hidden)`` of site 0 (attention output) or 1 (feed-forward output)."""

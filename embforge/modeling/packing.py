@@ -159,11 +159,11 @@ def _attend(
     outputs, first = [], 0
     for g in batch.groups:
         q, k, v = _blocks(qkv, g, 3, heads)
-        mask = None if masks is None else masks.attention(first, g.texts, g.width, q.dtype)
-        if mask is None:
+        drop = None if masks is None else masks.attention(first, g.texts, g.width)
+        if drop is None or masks is None:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
         else:
-            context = _written_attention(q, k, v, g.key_mask, mask, scale)
+            context = _written_attention(q, k, v, g.key_mask, drop, masks.attention_scale, scale)
         context = context.transpose(1, 2).reshape(g.texts * g.width, hidden)
         outputs.append(context if g.slots is None else context.index_select(0, g.slots))
         first += g.texts
@@ -181,14 +181,23 @@ def _blocks(x: Tensor, g: _AttentionGroup, parts: int, heads: int) -> tuple[Tens
 
 
 def _written_attention(
-    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, keep: Tensor | None, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_mask: Tensor | None,
+    drop: Tensor | None,
+    keep_scale: float,
+    scale: float,
 ) -> Tensor:
-    """``softmax(q kᵀ · scale, masked) v`` with the scaled keep-mask ``keep`` applied to the probabilities."""
+    """``softmax(q kᵀ · scale, masked) v`` with dropout: the probabilities under ``drop`` are zeroed and the
+    result scaled by ``keep_scale`` (on the small ``(…, head_dim)`` output rather than the probabilities)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if key_mask is not None:
         scores = scores.masked_fill(~key_mask, float("-inf"))
     probs = scores.softmax(dim=-1)
-    return torch.matmul(probs if keep is None else probs * keep, v)
+    if drop is None:
+        return torch.matmul(probs, v)
+    return torch.matmul(probs.masked_fill(drop, 0.0), v) * keep_scale
 
 
 def _add_norm(block: Any, x: Tensor, residual: Tensor, keep: Tensor | None) -> Tensor:
@@ -329,8 +338,9 @@ def _attend_first(
     for g in batch.groups:
         k, v = _blocks(kv, g, 2, heads)
         query = q[first : first + g.texts].view(g.texts, heads, 1, hidden // heads)
-        keep = None if masks is None else masks.attention(first, g.texts, g.width, query.dtype)
-        context = _written_attention(query, k, v, g.key_mask, keep, scale)  # (texts, heads, 1, head_dim)
+        drop = None if masks is None else masks.attention(first, g.texts, g.width)
+        keep_scale = 1.0 if masks is None else masks.attention_scale
+        context = _written_attention(query, k, v, g.key_mask, drop, keep_scale, scale)  # (texts, heads, 1, d)
         outputs.append(context.reshape(g.texts, hidden))
         first += g.texts
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
