@@ -22,7 +22,12 @@ from embforge.losses import (
     get_loss,
 )
 
-st_losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+
+
+@pytest.fixture
+def st_losses():
+    """sentence-transformers' losses, the reference (only the parity tests need it installed)."""
+    return pytest.importorskip("sentence_transformers.sentence_transformer.losses")
 
 
 @pytest.fixture
@@ -52,7 +57,7 @@ def test_cosent_by_hand_small_example():
     assert cosent(torch.tensor([0.3, 0.9]), torch.tensor([1.0, 1.0])).item() == pytest.approx(0.0)
 
 
-def test_cosent_equals_reference(emb):
+def test_cosent_equals_reference(emb, st_losses):
     labels = torch.tensor([0.0, 1.5, 3.0, 5.0, 2.2, 2.2])
     ours = CoSENTLoss(scale=20)(emb[:2], labels)
     ref = st_loss(st_losses.CoSENTLoss, scale=20).compute_loss_from_embeddings(emb[:2], labels)
@@ -68,7 +73,7 @@ def test_cosent_is_finite_in_half_precision():
 
 
 @pytest.mark.parametrize("negatives", [0, 1])
-def test_infonce_equals_mnrl_and_formula(emb, negatives):
+def test_infonce_equals_mnrl_and_formula(emb, negatives, st_losses):
     cols = emb[: 2 + negatives]
     ours = InfoNCELoss(temperature=0.05)(cols, None)
     ref = st_loss(st_losses.MultipleNegativesRankingLoss, scale=20.0).compute_loss_from_embeddings(cols, None)
@@ -79,7 +84,7 @@ def test_infonce_equals_mnrl_and_formula(emb, negatives):
     assert ours.item() == pytest.approx(by_hand, rel=1e-5)
 
 
-def test_symmetric_infonce_equals_symmetric_reference(emb):
+def test_symmetric_infonce_equals_symmetric_reference(emb, st_losses):
     ours = InfoNCELoss(temperature=0.05, symmetric=True)(emb[:2], None)
     ref = st_loss(st_losses.MultipleNegativesSymmetricRankingLoss, scale=20.0).compute_loss_from_embeddings(
         emb[:2], None
@@ -93,7 +98,7 @@ def test_simcse_is_infonce_on_two_views(emb):
     assert loss(emb[:2], None).item() == pytest.approx(InfoNCELoss(0.05)(emb[:2], None).item())
 
 
-def test_mse_equals_cosine_similarity_loss(emb):
+def test_mse_equals_cosine_similarity_loss(emb, st_losses):
     labels = torch.tensor([0.1, 0.5, 0.9, 0.0, 1.0, 0.3])
     ours = CosineMSELoss()(emb[:2], labels)
     ref = st_loss(st_losses.CosineSimilarityLoss).compute_loss_from_embeddings(emb[:2], labels)
@@ -102,7 +107,7 @@ def test_mse_equals_cosine_similarity_loss(emb):
     np.testing.assert_allclose(CosineMSELoss().prepare_labels(np.array([0.0, 2.5, 4.6])), [0.0, 0.5, 0.92])
 
 
-def test_contrastive_equals_reference_and_formula(emb):
+def test_contrastive_equals_reference_and_formula(emb, st_losses):
     labels = torch.tensor([1, 0, 1, 0, 0, 1])
     ours = ContrastiveLoss(margin=0.5)(emb[:2], labels)
     ref = st_loss(st_losses.ContrastiveLoss, margin=0.5).compute_loss_from_embeddings(emb[:2], labels)
@@ -114,7 +119,7 @@ def test_contrastive_equals_reference_and_formula(emb):
 
 
 @pytest.mark.parametrize(("metric", "margin"), [("euclidean", 5.0), ("cosine", 0.3)])
-def test_triplet_equals_reference_and_formula(emb, metric, margin):
+def test_triplet_equals_reference_and_formula(emb, metric, margin, st_losses):
     ours = TripletLoss(margin=margin, distance=metric)(emb, None)
     st_metric = getattr(st_losses.TripletDistanceMetric, metric.upper())
     ref = st_loss(st_losses.TripletLoss, distance_metric=st_metric, triplet_margin=margin)
@@ -145,7 +150,7 @@ class _Precomputed(torch.nn.Module):
         return torch.device("cpu")
 
 
-def test_softmax_equals_reference(emb):
+def test_softmax_equals_reference(emb, st_losses):
     labels = torch.tensor([0, 1, 2, 1, 0, 2])
     ours = SoftmaxLoss(dim=16, num_labels=3)
     ref = st_losses.SoftmaxLoss(_Precomputed(emb[:2]), embedding_dimension=16, num_labels=3)
@@ -156,7 +161,7 @@ def test_softmax_equals_reference(emb):
     assert ours(emb[:2], labels).item() == pytest.approx(by_hand.item(), rel=1e-6)
 
 
-def test_matryoshka_equals_reference_and_weighted_sum(emb):
+def test_matryoshka_equals_reference_and_weighted_sum(emb, st_losses):
     labels = torch.tensor([0.0, 1.0, 3.0, 5.0, 2.0, 4.0])
     dims, weights = [16, 8, 4], [1.0, 0.5, 0.25]
     ours = MatryoshkaLoss(CoSENTLoss(), dims, weights)(emb[:2], labels)

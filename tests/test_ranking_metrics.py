@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from embforge.evaluate.ranking import evaluate_run, evaluate_run_per_query, parse_metric, rank_documents
 
-pytrec_eval = pytest.importorskip("pytrec_eval")
 
 METRICS = {
     "ndcg@10": "ndcg_cut_10",
@@ -27,7 +26,7 @@ TREC_MEASURES = {"ndcg_cut.3,10", "map_cut.5,100", "recall.5,100", "P.5,10", "nd
 
 
 def _trec(run, qrels, measures=TREC_MEASURES):
-    return pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+    return pytest.importorskip("pytrec_eval").RelevanceEvaluator(qrels, measures).evaluate(run)
 
 
 docs = st.sampled_from([f"d{i}" for i in range(25)])
@@ -88,7 +87,7 @@ def test_relevance_level():
     run = {"q": {"a": 2.0, "b": 1.0}}
     qrels = {"q": {"a": 1, "b": 2}}
     assert evaluate_run(run, qrels, ["mrr@10"], relevance_level=2) == {"mrr@10": 0.5}
-    theirs = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}, relevance_level=2).evaluate(run)
+    theirs = pytest.importorskip("pytrec_eval").RelevanceEvaluator(qrels, {"recip_rank"}, relevance_level=2).evaluate(run)
     assert theirs["q"]["recip_rank"] == 0.5
 
 
