@@ -24,6 +24,7 @@ VERB_MODULES = [
     "embforge.cli.report",
     "embforge.cli.teacher",
     "embforge.cli.score",
+    "embforge.cli.merge",
 ]
 
 

@@ -1,0 +1,81 @@
+"""``embforge merge``: merge same-architecture models (linear / checkpoint averaging, task arithmetic, TIES).
+
+With ``--choose-on SPEC`` the weight is swept over ``--grid`` and chosen on a dev mix of embforge's own evaluators
+(e.g. ``sts:stsb-dev,retrieval:scifact-dev``); the table it chose from is printed (stderr) and returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    parser = verbs.add_parser("merge", help="merge models of one architecture into one", description=__doc__)
+    parser.add_argument("--models", nargs="+", required=True, help="model folders (or aliases) to merge")
+    parser.add_argument("--output", required=True, help="folder for the merged model")
+    parser.add_argument(
+        "--method",
+        choices=("linear", "task_arithmetic", "ties"),
+        default="linear",
+        help="linear: sum of w_i * model_i (weights sum to 1); task_arithmetic: base + sum w_i (model_i - base); "
+        "ties: trimmed, sign-elected task vectors (default linear)",
+    )
+    parser.add_argument("--weights", default=None, help="comma list, one per model (default: equal weights)")
+    parser.add_argument("--base", default=None, help="base model the others were fine-tuned from")
+    parser.add_argument("--density", type=float, default=0.2, help="ties: fraction of each task vector kept")
+    parser.add_argument(
+        "--choose-on",
+        default=None,
+        metavar="SPEC",
+        help="choose the weight on a dev mix, e.g. 'sts:stsb-dev,retrieval:scifact-dev' (or FILE / FOLDER@split)",
+    )
+    parser.add_argument(
+        "--grid",
+        default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+        help="weights tried by --choose-on: w for the 2nd model (linear) or every task vector",
+    )
+    parser.set_defaults(func=run_merge)
+
+
+def run_merge(args: argparse.Namespace) -> dict[str, Any]:
+    from embforge.merge import Merger, sweep_weights
+
+    merger = Merger(args.models, method=args.method, base=args.base, density=args.density)
+    recipe: dict[str, Any] = {"method": args.method, "models": args.models, "base": args.base}
+    if args.method == "ties":
+        recipe["density"] = args.density
+    result: dict[str, Any] = {"output": args.output}
+    weights: list[float] | None
+    if args.choose_on:
+        from embforge.evaluate.mix import evaluate_mix, parse_mix
+
+        if args.weights:
+            raise ValueError("give either --weights or --choose-on, not both")
+        parts = parse_mix(args.choose_on)
+        grid = [float(x) for x in args.grid.split(",") if x.strip()]
+        table = []
+        for w in grid:
+            scores = evaluate_mix(merger.merge(sweep_weights(len(args.models), args.method, w)), parts)
+            table.append({"w": w, **scores})
+        best = max(table, key=lambda row: row["mean"])
+        _print_table(table, best, [p.label for p in parts])
+        weights = sweep_weights(len(args.models), args.method, best["w"])
+        result["table"] = table
+        recipe["chosen_on"] = args.choose_on
+    else:
+        weights = [float(x) for x in args.weights.split(",")] if args.weights else None
+    model = merger.merge(weights)
+    recipe["weights"] = weights if weights is not None else [1 / len(args.models)] * len(args.models)
+    merger.save(args.output, recipe=recipe)
+    result.update({"method": args.method, "weights": recipe["weights"], "dim": model.dim})
+    return result
+
+
+def _print_table(table: list[dict[str, float]], best: dict[str, float], labels: list[str]) -> None:
+    header = ["w", *labels, "mean"]
+    print("  ".join(f"{h:>12}" for h in header), file=sys.stderr)
+    for row in table:
+        mark = "  <- chosen" if row is best else ""
+        print("  ".join(f"{row[h]:>12.2f}" for h in header) + mark, file=sys.stderr)
