@@ -71,11 +71,13 @@ BI_TASKS = {
     ),
     "simcse": lambda: Task("t", dataset({"text": texts(N, 4)}), get_loss("simcse")),
     "cosent": lambda: Task(
-        "t", dataset({"sentence1": texts(N, 5), "sentence2": texts(N, 6)}, list(np.linspace(0, 5, N))),
+        "t",
+        dataset({"sentence1": texts(N, 5), "sentence2": texts(N, 6)}, list(np.linspace(0, 5, N))),
         get_loss("cosent"),
     ),
     "matryoshka(infonce)": lambda: Task(
-        "t", dataset({"anchor": texts(N, 7), "positive": texts(N, 8)}),
+        "t",
+        dataset({"anchor": texts(N, 7), "positive": texts(N, 8)}),
         get_loss("infonce", matryoshka_dims=[32, 16, 8]),
     ),
 }
@@ -127,8 +129,15 @@ def test_padded_path_gradient_checkpointing_gives_the_same_gradients():
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
     backbone = DistilBertModel(
-        DistilBertConfig(vocab_size=len(tokenizer), dim=32, n_layers=2, n_heads=2, hidden_dim=64, dropout=0.0,
-                         attention_dropout=0.0)
+        DistilBertConfig(
+            vocab_size=len(tokenizer),
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+        )
     )
     model = Encoder(backbone, tokenizer, pooling="mean", max_seq_length=64)
     task = BI_TASKS["cosent"]()

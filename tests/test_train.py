@@ -225,8 +225,15 @@ def test_clipping_scales_the_gradient_to_the_max_norm(tmp_path, tiny_model_dir, 
 
 def test_learning_rate_follows_linear_warmup_then_linear_decay(tmp_path, tiny_model_dir, sts_csv):
     config = TrainConfig(
-        output=str(tmp_path / "lr"), max_steps=10, warmup_ratio=0.3, lr=1e-3, batch_size=8, log_every=1,
-        quiet=True, save_every=0, amp="no",
+        output=str(tmp_path / "lr"),
+        max_steps=10,
+        warmup_ratio=0.3,
+        lr=1e-3,
+        batch_size=8,
+        log_every=1,
+        quiet=True,
+        save_every=0,
+        amp="no",
     )
     train(Encoder.load(tiny_model_dir), [Task("sts", read_table(sts_csv), get_loss("cosent"))], config)
     records = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]

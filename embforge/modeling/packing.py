@@ -77,7 +77,9 @@ class PackedBatch:
     groups: list[_AttentionGroup]
     inverse: Tensor  # (texts,) packed position of the caller's i-th text
     length_list: list[int]  # ``lengths`` as Python ints
-    keys: list[int] | None = None  # per-text dropout keys, packed order (embforge.modeling.dropout); None: none
+    keys: list[int] | None = (
+        None  # per-text dropout keys, packed order (embforge.modeling.dropout); None: none
+    )
 
     @property
     def num_texts(self) -> int:
@@ -147,9 +149,7 @@ def pack(
     )
 
 
-def _attend(
-    qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: LayerMasks | None
-) -> Tensor:
+def _attend(qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: LayerMasks | None) -> Tensor:
     """Self-attention of each text over its own tokens: ``(tokens, 3 * hidden)`` -> ``(tokens, hidden)``.
 
     Without dropout masks (inference, or no attention dropout) ``scaled_dot_product_attention`` runs (its fused
@@ -228,49 +228,31 @@ def _layer_masks(layer: Any, number: int, batch: PackedBatch, rows: int | None) 
     )
 
 
-def _bert_layer(layer: Any, number: int, hidden: Tensor, batch: PackedBatch) -> Tensor:
-    """One ``BertLayer`` over all packed tokens."""
+def _bert_layer(
+    layer: Any, number: int, hidden: Tensor, batch: PackedBatch, first_only: bool = False
+) -> Tensor:
+    """One ``BertLayer`` over all packed tokens; with ``first_only``, for each text's first token only (keys and
+    values of all tokens, the rest of the layer for the first tokens: the same values and gradients as the full
+    layer's first rows, dropout masks included)."""
     attention = layer.attention.self
     scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
-    masks = _layer_masks(layer, number, batch, None)
-    weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
-    bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
-    context = _attend(F.linear(hidden, weight, bias), batch, attention.num_attention_heads, scale, masks)
+    heads = attention.num_attention_heads
+    masks = _layer_masks(layer, number, batch, 1 if first_only else None)
+    parts = (
+        [attention.key, attention.value] if first_only else [attention.query, attention.key, attention.value]
+    )
+    projected = F.linear(hidden, torch.cat([p.weight for p in parts]), torch.cat([p.bias for p in parts]))
+    if first_only:
+        residual = hidden.index_select(0, batch.offsets)
+        context = _attend_first(attention.query(residual), projected, batch, heads, scale, masks)
+    else:
+        residual = hidden
+        context = _attend(projected, batch, heads, scale, masks)
     dtype = context.dtype
-    attended = _add_norm(
-        layer.attention.output, context, hidden, None if masks is None else masks.hidden_mask(0, dtype)
-    )
-    return _add_norm(
-        layer.output,
-        layer.intermediate(attended),
-        attended,
-        None if masks is None else masks.hidden_mask(1, dtype),
-    )
-
-
-def _bert_last_layer_first_tokens(layer: Any, number: int, hidden: Tensor, batch: PackedBatch) -> Tensor:
-    """A ``BertLayer`` computed for each text's first token only: keys and values of all tokens, the rest of the
-    layer for the first tokens. Same values and gradients as :func:`_bert_layer`'s first rows (masks included)."""
-    attention = layer.attention.self
-    scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
-    masks = _layer_masks(layer, number, batch, 1)
-    residual = hidden.index_select(0, batch.offsets)
-    weight = torch.cat([attention.key.weight, attention.value.weight])
-    bias = torch.cat([attention.key.bias, attention.value.bias])
-    kv = F.linear(hidden, weight, bias)
-    context = _attend_first(
-        attention.query(residual), kv, batch, attention.num_attention_heads, scale, masks
-    )
-    dtype = context.dtype
-    attended = _add_norm(
-        layer.attention.output, context, residual, None if masks is None else masks.hidden_mask(0, dtype)
-    )
-    return _add_norm(
-        layer.output,
-        layer.intermediate(attended),
-        attended,
-        None if masks is None else masks.hidden_mask(1, dtype),
-    )
+    first_mask = None if masks is None else masks.hidden_mask(0, dtype)
+    attended = _add_norm(layer.attention.output, context, residual, first_mask)
+    second_mask = None if masks is None else masks.hidden_mask(1, dtype)
+    return _add_norm(layer.output, layer.intermediate(attended), attended, second_mask)
 
 
 def packed_hidden(
@@ -298,12 +280,11 @@ def packed_hidden(
     hidden = _embed(backbone.embeddings, batch)
     layers = backbone.encoder.layer
     for number, layer in enumerate(layers):
-        last_first = first_tokens_only and number == len(layers) - 1
-        step = _bert_last_layer_first_tokens if last_first else _bert_layer
+        first_only = first_tokens_only and number == len(layers) - 1
         if checkpoint_layers and torch.is_grad_enabled():
-            hidden = checkpoint(step, layer, number, hidden, batch, use_reentrant=False)
+            hidden = checkpoint(_bert_layer, layer, number, hidden, batch, first_only, use_reentrant=False)
         else:
-            hidden = step(layer, number, hidden, batch)
+            hidden = _bert_layer(layer, number, hidden, batch, first_only)
     return hidden
 
 

@@ -224,5 +224,7 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
     )
     evaluator = None
     if spec.retrieval_eval_split:
-        evaluator = retrieval_evaluator(load_retrieval_folder(spec.retrieval_train, spec.retrieval_eval_split))
+        evaluator = retrieval_evaluator(
+            load_retrieval_folder(spec.retrieval_train, spec.retrieval_eval_split)
+        )
     return tasks, refresher, evaluator
