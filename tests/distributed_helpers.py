@@ -93,14 +93,15 @@ def run_trainings(specs: list[dict[str, Any]], root: str) -> None:
         run_training(spec, os.path.join(root, spec["name"]))
 
 
-def gather_check() -> None:
-    """Each rank's slice of a 2-row tensor, gathered: the global tensor; the gradient: the local slice's."""
+def gather_check(rows: int) -> None:
+    """Each rank's slice of a ``rows``-row tensor, gathered: the global tensor; the gradient: the local slice's.
+    A rank without rows holds a placeholder row: no place in the result, a zero gradient."""
     import torch
 
     from embforge.training.distributed import gather_slices, rank, spans_for, world_size
 
-    full = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    weights = torch.tensor([[10.0, 20.0], [30.0, 40.0]])
+    full = torch.arange(2.0 * rows).view(rows, 2)
+    weights = 10 * torch.arange(2.0 * rows).view(rows, 2) + 1
     spans = spans_for(len(full), world_size())
     start, end = spans[rank()]
     local = (full[start:end] if end > start else torch.full((1, 2), 99.0)).clone().requires_grad_(True)
@@ -110,3 +111,66 @@ def gather_check() -> None:
     assert local.grad is not None
     expected = weights[start:end] if end > start else torch.zeros(1, 2)
     assert torch.equal(local.grad, expected), (rank(), local.grad)
+
+
+# ---------------------------------------------------------------------------------------------- sharded encoding
+class StopEncoding(Exception):
+    """Raised from ``on_block`` to interrupt a corpus encoding."""
+
+
+def encode_everything(model_dir: str, texts: list[str], out: str) -> dict[str, Any]:
+    """What the sharded-encoding test compares: ``encode``, a corpus encoding (fresh, and interrupted after its
+    first block then resumed) and mined negatives; run with a plain model in one process, or sharded in many."""
+    import numpy as np
+
+    from embforge.data.tables import Dataset
+    from embforge.encoder import Encoder
+    from embforge.retrieval.corpus_cache import encode_corpus
+    from embforge.retrieval.mining import MiningConfig, mine
+    from embforge.retrieval.sharded import sharded
+
+    model = sharded(Encoder.load(model_dir))
+    ids = [f"d{i}" for i in range(len(texts))]
+    result: dict[str, Any] = {"encode": model.encode(texts, batch_size=8, show_progress=False)}
+    result["corpus"] = np.array(
+        encode_corpus(model, texts, ids, os.path.join(out, "corpus"), batch_size=8, block_size=40)
+    )
+
+    def stop(block: int) -> None:
+        raise StopEncoding(block)
+
+    with contextlib.suppress(StopEncoding):
+        encode_corpus(
+            model, texts, ids, os.path.join(out, "resumed"), batch_size=8, block_size=40, on_block=stop
+        )
+    result["resumed"] = np.array(
+        encode_corpus(model, texts, ids, os.path.join(out, "resumed"), batch_size=8, block_size=40)
+    )
+    half = len(texts) // 2
+    pairs = Dataset("pairs", {"anchor": texts[:half], "positive": texts[half : 2 * half]}, list(range(half)))
+    mined = mine(model, pairs, MiningConfig(num_negatives=2, batch_size=8))
+    result["mined"] = {name: list(column) for name, column in mined.columns.items()}
+    return result
+
+
+def sharded_encoding_worker(model_dir: str, texts: list[str], out: str) -> None:
+    """:func:`encode_everything` under a process group; each rank pickles what it got to ``out/rank-<r>.pkl``."""
+    import pickle
+
+    from embforge.training.distributed import rank
+
+    result = encode_everything(model_dir, texts, os.path.join(out, "work"))
+    with open(os.path.join(out, f"rank-{rank()}.pkl"), "wb") as handle:
+        pickle.dump(result, handle)
+
+
+def torchrun(*args: str, cwd: Any, nproc: int = 2) -> Any:
+    """``torchrun --nproc-per-node 2 -m embforge ARGS`` on loopback; the completed process (stdout, stderr)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    command += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "embforge", *args]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

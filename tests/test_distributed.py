@@ -14,7 +14,7 @@ import pytest
 from embforge.encoder import Encoder
 from embforge.training.distributed import spans_for
 from tests.conftest import make_bert, make_tokenizer
-from tests.distributed_helpers import gather_check, run_training, run_trainings, spawn
+from tests.distributed_helpers import gather_check, run_training, run_trainings, spawn, torchrun
 
 WORDS = [
     "a",
@@ -185,5 +185,21 @@ def test_spans_cover_every_item_once():
 
 
 def test_gather_keeps_the_local_slice_of_the_gradient():
-    """3 ranks, 2 rows: the third rank holds a placeholder row, which gets no place and a zero gradient."""
-    spawn(gather_check, world=3)
+    """2 ranks, 1 row: the second rank holds a placeholder row, which gets no place and a zero gradient."""
+    spawn(gather_check, 1, world=2)
+
+
+def test_torchrun_train_from_the_command_line(runs, tmp_path):
+    """``torchrun --nproc-per-node 2 -m embforge train ...``: rank 0 alone reports, and the model is one process's."""
+    from embforge.cli import main
+
+    spec, _ = runs["hard-negatives symmetric, dropout on"]
+    args = ["train", "--model", spec["model"], "--train", spec["tasks"][0][1], "--loss", "infonce"]
+    args += ["--loss-option", "symmetric=true", "--batch-size", "64", "--max-steps", "2", "--amp", "no"]
+    args += ["--lr", "1e-3", "--seed", "3", "--save-every", "0", "--device", "cpu", "--quiet"]
+    done = torchrun(*args, "--output", str(tmp_path / "two"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 1 and json.loads(reports[0])["steps"] == 2
+    assert main([*args, "--output", str(tmp_path / "one")]) == 0
+    assert max_diff(Encoder.load(tmp_path / "two"), Encoder.load(tmp_path / "one")) <= 1e-5

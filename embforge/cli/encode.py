@@ -46,13 +46,14 @@ def read_texts(path: str, columns: str | None) -> list[str]:
     return data.columns["text"]
 
 
-def run_encode(args: argparse.Namespace) -> dict[str, Any]:
+def run_encode(args: argparse.Namespace) -> dict[str, Any] | None:
     import numpy as np
 
     from embforge.encoder import Encoder
+    from embforge.retrieval.sharded import is_main, sharded
 
     texts = read_texts(args.input, args.columns)
-    model = Encoder.load(args.model)
+    model = sharded(Encoder.load(args.model))  # torchrun: each process encodes a share (retrieval/sharded.py)
     emb = model.encode(
         texts,
         batch_size=args.batch_size,
@@ -61,5 +62,7 @@ def run_encode(args: argparse.Namespace) -> dict[str, Any]:
         normalize=args.normalize,
         show_progress=True,
     )
+    if not is_main():
+        return None
     np.save(args.output, emb)
     return {"output": args.output, "rows": int(emb.shape[0]), "dim": int(emb.shape[1])}

@@ -143,10 +143,11 @@ def load_data(folder: str | None, split: str) -> Any:
     return load_retrieval_folder(folder, split)
 
 
-def run_eval(args: argparse.Namespace) -> dict[str, Any]:
+def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import RETRIEVAL_METRICS, evaluate_retrieval
     from embforge.retrieval.index.registry import check_kind
+    from embforge.retrieval.sharded import is_main, sharded
 
     split = args.split
     if split is None and args.data is not None:
@@ -160,8 +161,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     check_kind(args.index_kind)
     data = load_data(args.data, split)
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
-    model = Encoder.load(args.model, max_seq_length=args.max_seq_length)
-    return evaluate_retrieval(
+    model = sharded(Encoder.load(args.model, max_seq_length=args.max_seq_length))  # torchrun: shares
+    result = evaluate_retrieval(
         model,
         data,
         metrics=metrics,
@@ -170,12 +171,14 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         corpus_cache=args.corpus_cache,
         show_progress=True,
     )
+    return result if is_main() else None
 
 
-def run_mine(args: argparse.Namespace) -> dict[str, Any]:
+def run_mine(args: argparse.Namespace) -> dict[str, Any] | None:
     from embforge.data.tables import read_table
     from embforge.retrieval.index.registry import check_kind
     from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
+    from embforge.retrieval.sharded import is_main, sharded
 
     check_kind(args.index_kind)
     config = MiningConfig(
@@ -206,7 +209,7 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
     if config.method != "bm25":
         from embforge.encoder import Encoder
 
-        model = Encoder.load(args.model)
+        model = sharded(Encoder.load(args.model))  # under torchrun each process encodes a share
     rescorer = None
     if args.cross_encoder:
         from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
@@ -225,6 +228,8 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any]:
             "filters; loosen --relative-margin/--absolute-margin/--max-score, raise --depth or lower "
             f"--num-negatives. Nothing was written to {args.output}"
         )
+    if not is_main():
+        return None
     path = write_jsonl(rows, args.output)
     return {"output": str(path), **config.stats}
 
@@ -250,7 +255,7 @@ def _any_split(root: Path) -> str:
     return splits[0]
 
 
-def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
+def run_index_build(args: argparse.Namespace) -> dict[str, Any] | None:
     """Encode the corpus (resumable through ``--corpus-cache``) and write an index folder in the one format the
     server opens (:mod:`embforge.serve.store`): vectors, texts, the kind and the model that built it."""
     import tempfile
@@ -259,16 +264,18 @@ def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.encoder import Encoder
     from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
     from embforge.retrieval.index.registry import check_kind, create_index
+    from embforge.retrieval.sharded import is_main, sharded
     from embforge.serve.store import DocumentStore, model_identity
 
     kind, options = check_kind(args.index_kind), parse_options(args.option)
     ids, texts = _corpus(args.data, args.columns)
     model = Encoder.load(args.model)
     create_index(kind, model.dim, **options).close()  # bad options fail here, before the corpus is encoded
+    encoder = sharded(model)  # under torchrun each process encodes a share of each block; rank 0 writes
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="embforge-index-") as scratch:
         emb = encode_corpus(
-            model,
+            encoder,
             texts,
             ids,
             args.corpus_cache or scratch,
@@ -276,6 +283,8 @@ def run_index_build(args: argparse.Namespace) -> dict[str, Any]:
             model_tag=model_fingerprint(model),
         )
         encoded = time.perf_counter() - started
+        if not is_main():
+            return None
         store = DocumentStore.build(
             args.index, ids, texts, emb, kind=kind, options=options, model=model_identity(model, args.model)
         )

@@ -87,11 +87,19 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         default=None,
         help="fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder)",
     )
+    parser.add_argument(
+        "--gather-negatives",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="under torchrun: every process's loss is the global batch's (all-gathered embeddings: in-batch "
+        "negatives from every process, the gradients of one process); default on",
+    )
     parser.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
     parser.set_defaults(func=run_train)
 
 
-def run_train(args: argparse.Namespace) -> dict[str, Any]:
+def run_train(args: argparse.Namespace) -> dict[str, Any] | None:
+    from embforge.training.distributed import is_main
     from embforge.training.run import load_toml, run, spec_from_dict
 
     path = args.config_file or args.config_flag
@@ -99,13 +107,14 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     if path and "stages" in values:  # a multi-stage pipeline file (embforge/pipeline.py)
         from embforge.training.pipeline import load_pipeline, run_pipeline
 
-        return run_pipeline(
+        result = run_pipeline(
             load_pipeline(path),
             output=args.output,
             device=args.device,
             quiet=args.quiet,
             resume=bool(args.resume),
         )
+        return result if is_main() else None  # torchrun: rank 0 prints
     for _, key, _, _ in _FLAGS:
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
@@ -116,6 +125,8 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         values["loss_options"] = {**values.get("loss_options", {}), **parse_options(args.loss_option)}
     if args.keep_training_state is not None:
         values["keep_training_state"] = args.keep_training_state
+    if args.gather_negatives is not None:
+        values["gather_negatives"] = args.gather_negatives
     spec = spec_from_dict(values, source=path or "command line")
     summary = run(spec)
-    return {"output": spec.config.output, **summary}
+    return {"output": spec.config.output, **summary} if is_main() else None

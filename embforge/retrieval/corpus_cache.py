@@ -27,6 +27,7 @@ import numpy as np
 
 from embforge.modeling.precision import autocast_tag
 from embforge.progress import progress_bar, progress_enabled
+from embforge.retrieval.sharded import broadcast_from_main, is_main, is_sharded, share_rows, unwrapped
 from embforge.training.checkpoints import write_text_atomic
 
 EMBEDDINGS = "embeddings.npy"
@@ -47,6 +48,7 @@ def fingerprint(ids: Sequence[str], texts: Sequence[str], model_tag: str, dim: i
 
 def model_fingerprint(model: Any) -> str:
     """A short hash of a model's weights (all parameters, sampled), so cached embeddings follow the weights."""
+    model = unwrapped(model)  # a sharded model (retrieval/sharded.py) is its model
     digest = hashlib.sha256(type(model).__name__.encode())
     for name, param in sorted(model.state_dict().items()):
         flat = param.detach().reshape(-1)
@@ -94,12 +96,18 @@ def encode_corpus(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dim = int(model.dim)
-    tag = fingerprint(ids, texts, model_tag or type(model).__name__, dim)
+    tag = fingerprint(ids, texts, model_tag or type(unwrapped(model)).__name__, dim)
     order = np.argsort(-np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), kind="stable")
     blocks = [order[i : i + block_size] for i in range(0, len(order), block_size)]
-    done = _done_blocks(out, tag, len(blocks), block_size)
+    # a sharded model (torchrun, retrieval/sharded.py): every rank encodes a share of each block, rank 0 writes
+    writer = not is_sharded(model) or is_main()
+    done = broadcast_from_main(_done_blocks(out, tag, len(blocks), block_size) if writer else None, model)
+    resumed = sorted(done or ())
     emb_path = out / EMBEDDINGS
-    if done is None:
+    if not writer:  # the other ranks keep the vectors in memory
+        matrix: Any = np.empty((len(texts), dim), dtype=np.float32)
+        done = set(resumed)
+    elif done is None:
         done = set()
         matrix = np.lib.format.open_memmap(emb_path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
         (out / IDS).write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
@@ -112,7 +120,7 @@ def encode_corpus(
         initial=len(texts) - remaining,
         desc="encode corpus",
         unit="doc",
-        enabled=progress_enabled(show_progress),
+        enabled=progress_enabled(show_progress) and writer,
     )
     # the bar moves per batch when the model reports batches (Encoder / OnnxEncoder), else per block
     per_batch = {"on_batch": bar.update} if "on_batch" in inspect.signature(model.encode).parameters else {}
@@ -127,14 +135,19 @@ def encode_corpus(
             show_progress=False,
             **per_batch,
         )
-        matrix.flush()
         done.add(number)
-        _save_progress(out, tag, block_size, len(blocks), done)
+        if writer:
+            matrix.flush()
+            _save_progress(out, tag, block_size, len(blocks), done)
         if not per_batch:
             bar.update(len(rows))
         if on_block is not None:
             on_block(number)
     bar.close()
+    if resumed and is_sharded(model):  # the blocks rank 0 had already written, for the other ranks
+        share_rows(matrix, np.sort(np.concatenate([blocks[n] for n in resumed])), model)
+    if not writer:
+        return matrix
     del matrix
     return np.load(emb_path, mmap_mode="r")
 

@@ -43,6 +43,7 @@ from embforge.data.tables import DataError, Dataset, read_table
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.config import TrainConfig
+from embforge.training.distributed import barrier, init_from_env, is_main
 from embforge.training.loop import train
 from embforge.training.run import load_toml, make_loss
 from embforge.training.tasks import Task
@@ -243,6 +244,7 @@ def _mined(
 ) -> Dataset:
     """Hard negatives for a task, mined with the current model at the stage's start (cached in ``workdir``)."""
     from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
+    from embforge.retrieval.sharded import sharded
 
     try:
         config = MiningConfig(**(spec.mine or {}))
@@ -254,10 +256,13 @@ def _mined(
     cached = workdir / f"mined-{spec.name}.jsonl"
     if cached.exists():
         return read_table(cached)
-    mined = mine(model, source if spec.limit is None else data, config)
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(mined, cached.with_suffix(".tmp"))
-    cached.with_suffix(".tmp").replace(cached)
+    # torchrun: every process encodes a share of the texts and gets the same rows; rank 0 writes them
+    mined = mine(sharded(model), source if spec.limit is None else data, config)
+    if is_main():
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_jsonl(mined, cached.with_suffix(".tmp"))
+        cached.with_suffix(".tmp").replace(cached)
+    barrier()
     return read_table(cached)
 
 
@@ -311,6 +316,8 @@ def run_pipeline(
             f"{pipeline.source}: output {str(out)!r} already holds pipeline stages; pass --resume to continue "
             "them or choose another --output"
         )
+    init_from_env()  # torchrun: every process runs every stage (training/distributed.py), rank 0 writes
+    barrier()  # every process has looked at the output before any creates a stage folder
     out.mkdir(parents=True, exist_ok=True)
     summaries: list[dict[str, Any]] = []
     loaded_from: Path | None = None
@@ -333,9 +340,12 @@ def run_pipeline(
         step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))
         summary = train(model, tasks, TrainConfig(**settings), on_step=step_hook)
         summary = {"stage": i, "name": stage.name, **summary}
-        write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
+        if is_main():
+            write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
         summaries.append(summary)
     if loaded_from is not None:  # every stage was already done
         model.load_state_dict(Encoder.load(loaded_from).state_dict())
-    atomic_dir(out / "final", model.save)
+    if is_main():
+        atomic_dir(out / "final", model.save)
+    barrier()
     return {"output": str(out), "final": str(out / "final"), "stages": summaries}

@@ -1,0 +1,128 @@
+"""Sharded encoding under ``torchrun``: every rank embeds its share of the texts; every rank gets all vectors.
+
+``torchrun --nproc-per-node N -m embforge encode|index build|mine|eval retrieval ...`` wraps the model in a
+:class:`ShardedEncoder` (:func:`sharded`). Its ``encode`` gives the same vectors as one process, bit for bit:
+
+:meth:`embforge.encoder.Encoder.encode` sorts the texts by token length and cuts that order into batches of
+``batch_size``; a padded forward's output for a text depends on the other texts of its batch only through the
+padded width (and, in the last bits, the batch's shape), so each rank takes a contiguous range of whole
+batches of that same order, encodes it with the same batch boundaries, and the ranks exchange their rows
+(all-gather). Token lengths are counted in shares and exchanged too, so no rank tokenises the whole corpus
+twice.
+
+:func:`embforge.retrieval.corpus_cache.encode_corpus` with a sharded model splits each block this way; rank 0
+alone writes the folder (embeddings, ids, progress) and decides which blocks are left to encode when resuming.
+Callers that write outputs (the CLI verbs) write them on rank 0 (:func:`embforge.training.distributed.is_main`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from embforge.training.distributed import (
+    all_gather_objects,
+    init_from_env,
+    is_main,
+    rank,
+    spans_for,
+    world_size,
+)
+
+
+class ShardedEncoder:
+    """An encoder whose :meth:`encode` is split across the process group's ranks (see the module docstring).
+
+    Everything else (``dim``, ``tokenize_ids``, ``state_dict``, ...) is the wrapped model's.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.wrapped = model
+        self.shards = world_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        **options: Any,
+    ) -> np.ndarray:
+        """``model.encode(texts, ...)``, each rank encoding a contiguous range of its length-sorted batches."""
+        model = self.wrapped
+        if isinstance(texts, str) or self.shards == 1:
+            return model.encode(
+                texts,
+                batch_size=batch_size,
+                prompt=prompt,
+                prompt_name=prompt_name,
+                show_progress=show_progress,
+                on_batch=on_batch,
+                **options,
+            )
+        texts = list(texts)
+        me, main = rank(), is_main()
+        start, end = spans_for(len(texts), self.shards)[me]
+        prefix = model.prompt_text(prompt, prompt_name)
+        local_lengths = [len(ids) for ids in model.tokenize_ids(texts[start:end], prefix=prefix)]
+        lengths = [n for part in all_gather_objects(local_lengths) for n in part]
+        order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # Encoder.encode's (stable) order
+        first, last = spans_for(math.ceil(len(texts) / batch_size), self.shards)[me]
+        rows = order[first * batch_size : last * batch_size]
+        local = model.encode(
+            [texts[i] for i in rows],
+            batch_size=batch_size,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            show_progress=show_progress if main else False,
+            on_batch=on_batch if main else None,
+            **options,
+        )
+        parts = all_gather_objects((rows, np.asarray(local, dtype=np.float32)))
+        out = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
+        for part_rows, vectors in parts:
+            out[part_rows] = vectors
+        if on_batch is not None and main:  # the other ranks' texts, for a caller's progress bar
+            on_batch(len(texts) - len(rows))
+        return out
+
+
+def sharded(model: Any) -> Any:
+    """``model`` wrapped in a :class:`ShardedEncoder` when this process runs under torchrun with more than one
+    process (joining the process group), else ``model`` itself."""
+    if model is None or isinstance(model, ShardedEncoder) or init_from_env() == 1:
+        return model
+    return ShardedEncoder(model)
+
+
+def unwrapped(model: Any) -> Any:
+    """The model inside a :class:`ShardedEncoder` (fingerprints and saved identities are the model's)."""
+    return model.wrapped if isinstance(model, ShardedEncoder) else model
+
+
+def is_sharded(model: Any) -> bool:
+    return isinstance(model, ShardedEncoder) and model.shards > 1
+
+
+def broadcast_from_main(value: Any, model: Any) -> Any:
+    """Rank 0's ``value`` on every rank when ``model`` is sharded (else ``value``)."""
+    if not is_sharded(model):
+        return value
+    return all_gather_objects(value if is_main() else None)[0]
+
+
+def share_rows(matrix: np.ndarray, rows: np.ndarray, model: Any) -> None:
+    """Copy rank 0's ``matrix[rows]`` into the other ranks' ``matrix`` (a sharded corpus encoding that resumed
+    from blocks only rank 0 holds)."""
+    vectors = broadcast_from_main(np.asarray(matrix[rows]) if is_main() else None, model)
+    if not is_main():
+        matrix[rows] = vectors
