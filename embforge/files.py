@@ -114,21 +114,25 @@ def _fsync_dir(folder: Path) -> None:
         os.close(handle)
 
 
-def _jsonl_line(record: Any) -> str:
-    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+def _jsonl_line(record: Any, *, allow_nan: bool) -> str:
+    return json.dumps(record, ensure_ascii=False, allow_nan=allow_nan) + "\n"
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> Path:
     """Write one JSON value per line (UTF-8, non-ASCII kept), atomically. NaN/infinity are refused."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(path, "".join(_jsonl_line(r) for r in records))
+    return write_text_atomic(path, "".join(_jsonl_line(r, allow_nan=False) for r in records))
 
 
 def append_jsonl(path: str | os.PathLike, record: Any) -> None:
-    """Append one record as a line (a log such as ``metrics.jsonl``); the line is written with one call."""
+    """Append one record as a line (a log such as ``metrics.jsonl``); the line is written with one call.
+
+    A NaN metric is written as ``NaN`` (which Python's ``json`` and :func:`read_jsonl` read back) rather than
+    failing the run that logs it.
+    """
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write(_jsonl_line(record))
+        handle.write(_jsonl_line(record, allow_nan=True))
 
 
 # ------------------------------------------------------------------------------------------------- reading

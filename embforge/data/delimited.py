@@ -224,6 +224,11 @@ def _tsv_records(path: Path) -> Iterator[Record]:
     for line, text in read_lines(path):
         body = text[:-1] if text.endswith("\n") else text
         body = body[:-1] if body.endswith("\r") else body
+        if "\r" in body:  # TSV has no quoting: a bare \r is an old Mac line ending, not text
+            raise DataError(
+                f"{path}:{line}:{body.index(chr(13)) + 1}: carriage return inside a TSV line (old Mac line "
+                "endings?); convert the file to \\n line endings"
+            )
         yield line, ([] if not body.strip() else body.split("\t"))
 
 

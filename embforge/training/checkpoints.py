@@ -1,86 +1,93 @@
-"""Atomic training checkpoints: model, losses, optimizer, scheduler, RNG and data position."""
+"""Atomic training checkpoints that a resume can trust: model, losses, optimizer, scheduler, RNG and data position.
+
+``<output>/checkpoints/`` holds::
+
+    checkpoint-<step>/   model/, losses.safetensors, trainer_state.pt, progress.json, manifest.json
+    latest               the name of the newest checkpoint of the current run
+    run.json             the current run's id (written by :func:`start_run`)
+
+* Each checkpoint is written to a temporary folder and renamed into place (:func:`embforge.files.atomic_dir`);
+  ``latest`` is rewritten only after that, and pruning never removes the checkpoint it names.
+* ``manifest.json`` lists every file's size and SHA-256 with the run's id and the step. :func:`load_trainer_state`
+  verifies it before anything is loaded: a truncated file, a flipped bit in a tensor or a broken
+  ``progress.json`` is a :class:`CheckpointError` naming the file, never a model silently resumed with garbage.
+* Pruning (``keep``) counts only the current run's checkpoints (same run id), so a ``checkpoint-20`` left by an
+  earlier run in the same folder neither survives in their place nor makes new ones disappear.
+* ``--resume`` with nothing to resume (no checkpoint of this run) trains from step 0 with a
+  :class:`ResumeWarning` on stderr and an ``{"event": "resume", "from": null, "warning": ...}`` line in
+  ``metrics.jsonl``: a job script that always passes ``--resume`` must work on its first launch, and nothing is
+  lost. Anything that is there but unusable (a dangling ``latest``, checkpoints without a pointer, a checksum
+  mismatch) is an error instead: starting over would silently throw away work the user believes is kept.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
-import random
+import re
 import shutil
+import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from embforge.files import append_jsonl, atomic_dir, write_text_atomic
+from embforge.training.rng import rng_state, set_rng_state
+
+__all__ = [
+    "LATEST",
+    "CheckpointError",
+    "ResumeWarning",
+    "atomic_dir",
+    "checkpoint_to_resume",
+    "find_latest",
+    "latest_checkpoint",
+    "load_trainer_state",
+    "read_progress",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "start_run",
+    "verify_checkpoint",
+    "write_text_atomic",
+]
+
 LATEST = "latest"
+MANIFEST = "manifest.json"
+RUN_FILE = "run.json"
+FORMAT = 1
+_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
-def atomic_dir(final: Path, write: Any) -> None:
-    """Call ``write(tmp_dir)`` and move the finished folder to ``final`` so readers never see a half-written one.
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the file and what to do."""
 
-    An existing ``final`` is swapped out only after the new folder is complete.
+
+class ResumeWarning(UserWarning):
+    """``--resume`` found nothing to resume, or a checkpoint it cannot verify (written before manifests)."""
+
+
+# ------------------------------------------------------------------------------------------------- writing
+
+
+def start_run(folder: Path, *, resume: bool, log: Path | None = None) -> Path | None:
+    """What the trainer calls before its first step: the checkpoint to resume from, or ``None`` for step 0.
+
+    With ``resume``, this is :func:`checkpoint_to_resume`. Without it, a new run begins: it gets a fresh id in
+    ``run.json`` and the previous run's ``latest`` pointer is removed (its checkpoints stay), so that if this run
+    is killed before its first checkpoint, ``--resume`` does not continue the previous run instead.
     """
-    final = Path(final)
-    tmp = final.with_name(final.name + ".tmp")
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    _fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": _numpy_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _numpy_state() -> dict[str, Any]:
-    """numpy's global RNG state with its key as a tensor, so ``torch.load(weights_only=True)`` can read it."""
-    state = np.random.get_state(legacy=False)
-    state["state"] = {**state["state"], "key": torch.from_numpy(state["state"]["key"].astype(np.int64))}
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    numpy_state = dict(state["numpy"])
-    numpy_state["state"] = {
-        **numpy_state["state"],
-        "key": numpy_state["state"]["key"].numpy().astype(np.uint32),
-    }
-    np.random.set_state(numpy_state)
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1]), python[2]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    folder = Path(folder)
+    if resume:
+        return checkpoint_to_resume(folder, log=log)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / LATEST).unlink(missing_ok=True)
+    write_text_atomic(folder / RUN_FILE, json.dumps({"run_id": uuid.uuid4().hex}) + "\n")
+    return None
 
 
 def save_checkpoint(
@@ -94,8 +101,23 @@ def save_checkpoint(
     progress: dict[str, Any],
     keep: int = 1,
 ) -> Path:
-    """Write ``folder/checkpoint-<step>`` atomically, point ``folder/latest`` at it, drop older ones."""
+    """Write ``folder/checkpoint-<step>`` atomically with its manifest, point ``latest`` at it, prune.
+
+    Args:
+        folder: The run's ``checkpoints`` folder.
+        model: Saved with its own ``save`` into ``model/``.
+        losses: The tasks' losses (their learnable parameters, e.g. a temperature).
+        optimizer: Its ``state_dict`` goes into ``trainer_state.pt``, with the scheduler's and the scaler's.
+        scheduler: The learning-rate scheduler.
+        scaler: The fp16 gradient scaler (disabled ones too).
+        progress: The trainer's progress (``step`` at least). A ``run_id`` is added on the first save of a run
+            (``run.json``'s when :func:`start_run` wrote one, else a new id) and travels with it through resumes:
+            it is what tells this run's checkpoints from an earlier run's.
+        keep: How many of this run's checkpoints to keep (the newest); ``keep < 1`` keeps them all.
+    """
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    run_id = progress.setdefault("run_id", _run_file_id(folder) or uuid.uuid4().hex)
     name = f"checkpoint-{progress['step']}"
 
     def write(tmp: Path) -> None:
@@ -111,34 +133,261 @@ def save_checkpoint(
             },
             tmp / "trainer_state.pt",
         )
-        (tmp / "progress.json").write_text(json.dumps(progress, indent=2) + "\n")
+        (tmp / "progress.json").write_text(json.dumps(progress, indent=2) + "\n", encoding="utf-8")
+        _write_manifest(tmp, run_id=run_id, step=int(progress["step"]))
 
     atomic_dir(folder / name, write)
     write_text_atomic(folder / LATEST, name + "\n")
-    existing = sorted(
-        (p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()),
-        key=lambda p: int(p.name.split("-")[1]),
-    )
-    for stale in existing[:-keep]:
-        shutil.rmtree(stale, ignore_errors=True)
+    ours = sorted((step, path) for step, path in _checkpoints(folder) if _run_of(path) == run_id)
+    stale = ours[:-keep] if keep >= 1 else []
+    for _, path in stale:
+        if path.name != name:
+            shutil.rmtree(path, ignore_errors=True)
     return folder / name
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    pointer = folder / LATEST
-    if not pointer.exists():
+def _write_manifest(root: Path, *, run_id: str, step: int) -> None:
+    files = {
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+    manifest = {"format": FORMAT, "run_id": run_id, "step": step, "files": files}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------- finding
+
+
+def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every finished ``checkpoint-<step>`` (not the ``.tmp``/``.old`` of a save)."""
+    found = []
+    for path in folder.glob("checkpoint-*"):
+        match = _NAME.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _run_of(checkpoint: Path) -> str | None:
+    """The run id in a checkpoint's manifest (``None``: no manifest, or unreadable)."""
+    try:
+        run = _read_json(checkpoint / MANIFEST).get("run_id")
+    except (OSError, ValueError, AttributeError):
         return None
-    path = folder / pointer.read_text().strip()
-    return path if path.is_dir() else None
+    return run if isinstance(run, str) else None
+
+
+def _run_file_id(folder: Path) -> str | None:
+    try:
+        run = _read_json(folder / RUN_FILE).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, str) else None
+
+
+def find_latest(folder: Path) -> Path | None:
+    """The checkpoint ``folder/latest`` names, or ``None`` when the current run has none (no warning).
+
+    Raises:
+        CheckpointError: when ``latest`` is unreadable, names no checkpoint or one that does not exist, or is
+            missing while the folder holds checkpoints that may be this run's.
+    """
+    folder = Path(folder)
+    pointer = folder / LATEST
+    present = _checkpoints(folder)
+    listing = ", ".join(p.name for _, p in present) or "no checkpoints"
+    if not pointer.exists():
+        current = _run_file_id(folder)
+        if not present or (current is not None and all(_run_of(p) != current for _, p in present)):
+            return None
+        raise CheckpointError(
+            f"{pointer}: missing, but {folder} holds {listing}; write the name of the one to resume from into "
+            f"it (e.g. `echo {present[-1][1].name} > {pointer}`), or train without --resume"
+        )
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{pointer}: unreadable ({err})") from None
+    if not _NAME.match(name):
+        raise CheckpointError(
+            f"{pointer}: {name!r} is not a checkpoint name (checkpoint-<step>); {folder} holds {listing}"
+        )
+    path = folder / name
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{pointer}: points to {name}, which does not exist ({folder} holds {listing}); write the name of "
+            "an existing checkpoint into it, or train without --resume"
+        )
+    return path
+
+
+def checkpoint_to_resume(folder: Path, *, log: Path | None = None) -> Path | None:
+    """:func:`find_latest`, saying so (a :class:`ResumeWarning`, and a line in ``log``) when there is nothing.
+
+    Args:
+        folder: The run's ``checkpoints`` folder.
+        log: A JSONL log (the run's ``metrics.jsonl``) that gets ``{"event": "resume", "from": null,
+            "warning": ...}`` when there is nothing to resume.
+    """
+    folder = Path(folder)
+    path = find_latest(folder)
+    if path is not None:
+        return path
+    others = [p.name for _, p in _checkpoints(folder)]
+    message = (
+        f"--resume: nothing to resume in {folder} (no checkpoint of this run); training starts at step 0"
+    )
+    if others:
+        message += f" ({', '.join(others)} belongs to an earlier run: to resume it, write its name into {folder / LATEST})"
+    warnings.warn(message, ResumeWarning, stacklevel=2)
+    if log is not None and _is_main_process():
+        append_jsonl(log, {"event": "resume", "from": None, "warning": message})
+    return None
+
+
+def latest_checkpoint(folder: Path, *, log: Path | None = None) -> Path | None:
+    """The checkpoint to resume from (:func:`checkpoint_to_resume`); kept for the trainer's current call.
+
+    ``log`` defaults to the ``metrics.jsonl`` beside a folder named ``checkpoints`` (the trainer's layout). For a
+    look-up that must not warn, use :func:`find_latest`.
+    """
+    folder = Path(folder)
+    if log is None and folder.name == "checkpoints":
+        log = folder.parent / "metrics.jsonl"
+    return checkpoint_to_resume(folder, log=log)
+
+
+def _is_main_process() -> bool:
+    distributed = torch.distributed
+    return not (distributed.is_available() and distributed.is_initialized() and distributed.get_rank() != 0)
+
+
+# ------------------------------------------------------------------------------------------------- loading
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Check every file of a checkpoint against its manifest (size, then SHA-256).
+
+    A checkpoint without a manifest (written by an older embforge) gets a :class:`ResumeWarning` and only a
+    readability check of its ``.safetensors`` files: a flipped bit there cannot be detected.
+
+    Raises:
+        CheckpointError: naming the first file that is missing, of the wrong size or with other contents.
+    """
+    path = Path(path)
+    manifest_file = path / MANIFEST
+    if not manifest_file.exists():
+        warnings.warn(
+            f"{path}: no manifest (written by an older embforge): its files cannot be verified against checksums",
+            ResumeWarning,
+            stacklevel=2,
+        )
+        for tensors in sorted(path.rglob("*.safetensors")):
+            _readable(tensors, lambda f: safe_open(str(f), framework="pt").keys())
+        return
+    try:
+        manifest = _read_json(manifest_file)
+        files = manifest["files"]
+        entries = [(str(k), int(v["size"]), str(v["sha256"])) for k, v in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(
+            f"{manifest_file}: unreadable ({type(err).__name__}: {err}); the checkpoint cannot be verified — "
+            "train without --resume, or point latest at another checkpoint"
+        ) from None
+    advice = "this checkpoint cannot be resumed from; train without --resume, or point latest at another checkpoint"
+    for name, size, digest in entries:
+        file = path / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise CheckpointError(f"{manifest_file}: lists {name!r}, a path outside the checkpoint")
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing (listed in {MANIFEST}); {advice}")
+        actual = file.stat().st_size
+        if actual != size:
+            raise CheckpointError(
+                f"{file}: {actual} bytes, but the checkpoint wrote {size} (truncated or overwritten); {advice}"
+            )
+        if _sha256(file) != digest:
+            raise CheckpointError(
+                f"{file}: its contents changed after the checkpoint was written (SHA-256 differs from "
+                f"{MANIFEST}: corrupted on disk or in a copy); {advice}"
+            )
+
+
+def _readable(file: Path, read: Any) -> Any:
+    """``read(file)``, with any failure to decode it turned into a :class:`CheckpointError` naming the file."""
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing; this checkpoint cannot be resumed from")
+    try:
+        return read(file)
+    except Exception as err:  # torch/safetensors/json raise many kinds for a damaged file
+        raise CheckpointError(
+            f"{file}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+            "this checkpoint cannot be resumed from"
+        ) from err
 
 
 def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a checkpoint's trainer state (no unpickling of arbitrary objects), loss weights and progress."""
-    state = torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu")
-    losses = load_file(str(path / "losses.safetensors"))
+    """Verify a checkpoint (:func:`verify_checkpoint`), then read its trainer state (no unpickling of arbitrary
+    objects), loss weights and progress.
+
+    Raises:
+        CheckpointError: naming the file that is missing, corrupted or cannot be decoded.
+    """
+    path = Path(path)
+    verify_checkpoint(path)
+    state = _readable(
+        path / "trainer_state.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu")
+    )
+    missing = [
+        k
+        for k in ("optimizer", "scheduler", "scaler", "rng")
+        if not isinstance(state, dict) or k not in state
+    ]
+    if missing:
+        raise CheckpointError(
+            f"{path / 'trainer_state.pt'}: has no {', '.join(missing)}; not a trainer state"
+        )
+    losses = _readable(path / "losses.safetensors", lambda f: load_file(str(f)))
     return state, losses, read_progress(path)
 
 
 def read_progress(path: Path) -> dict[str, Any]:
-    """A checkpoint's ``progress`` dict (step, epoch, data position, ... as the trainer saved it)."""
-    return json.loads((Path(path) / "progress.json").read_text())
+    """A checkpoint's ``progress`` dict (step, epoch, data position, ... as the trainer saved it).
+
+    Raises:
+        CheckpointError: when ``progress.json`` is missing, not JSON, or its step disagrees with the folder name.
+    """
+    file = Path(path) / "progress.json"
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing; this checkpoint cannot be resumed from")
+    try:
+        progress = _read_json(file)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{file}: not valid JSON ({err}); this checkpoint cannot be resumed from"
+        ) from None
+    if not isinstance(progress, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, found {type(progress).__name__}")
+    for key in ("step", "epoch", "position"):
+        value = progress.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"{file}: {key!r} is {value!r}, not a step count")
+    match = _NAME.match(Path(path).name)
+    if match and int(match.group(1)) != progress.get("step"):
+        raise CheckpointError(
+            f"{file}: says step {progress.get('step')}, but the folder is {Path(path).name}"
+        )
+    return progress

@@ -23,7 +23,6 @@ positive, see :mod:`embforge.retrieval.mining`).
 from __future__ import annotations
 
 import copy
-import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -34,9 +33,10 @@ import numpy as np
 
 from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import Dataset
+from embforge.files import append_jsonl, read_jsonl, write_jsonl
 from embforge.retrieval.mining import MiningConfig, mine_positions
 from embforge.retrieval.search import embed
-from embforge.training.checkpoints import latest_checkpoint, read_progress, write_text_atomic
+from embforge.training.checkpoints import find_latest, read_progress
 from embforge.training.tasks import Task
 
 
@@ -221,11 +221,8 @@ class NegativeRefresher:
     def _save(self, data: Dataset, step: int) -> Path:
         """Write the refreshed rows atomically, before the trainer saves a checkpoint that refers to them."""
         path = self.negatives_file(step)
-        path.parent.mkdir(parents=True, exist_ok=True)
         names = data.text_columns
-        lines = [json.dumps({c: data.columns[c][r] for c in names}) + "\n" for r in range(len(data))]
-        write_text_atomic(path, "".join(lines))
-        return path
+        return write_jsonl(path, ({c: data.columns[c][r] for c in names} for r in range(len(data))))
 
     def resume(self) -> list[Task] | None:
         """The refreshed tasks in use at the run's latest checkpoint, or ``None`` if none was refreshed by then.
@@ -236,7 +233,7 @@ class NegativeRefresher:
         """
         if self.log_dir is None:
             raise ValueError("negative refresh: resume needs log_dir, the run's output folder")
-        checkpoint = latest_checkpoint(self.log_dir / "checkpoints")  # the folder train() writes
+        checkpoint = find_latest(self.log_dir / "checkpoints")  # the folder train() writes; it warns if none
         step = read_progress(checkpoint).get("refreshed_at") if checkpoint is not None else None
         if checkpoint is None or step is None:
             return None
@@ -246,7 +243,7 @@ class NegativeRefresher:
                 f"{checkpoint}: trains on the negatives refreshed at step {step}, but {path} is missing; "
                 "restore it or start the run again without --resume"
             )
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = [row for _, row in read_jsonl(path)]
         anchors = [self.queries[qi] for qi, pos in enumerate(self.positives) for _ in pos]
         if [r.get("anchor") for r in rows] != anchors:
             raise ValueError(
@@ -262,8 +259,7 @@ class NegativeRefresher:
         self.history.append(record)
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_file.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
+            append_jsonl(self.log_file, record)
 
 
 def retrieval_training(
