@@ -195,6 +195,32 @@ def _guess_names(first: list[str]) -> list[str]:
     return ["anchor", "positive"] + [f"negative_{i}" for i in range(1, len(first) - 1)]
 
 
+def header_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(line, {header name: cell})`` for each row of a CSV/TSV file whose first row is a header (any names).
+
+    Raises:
+        DataError: for a duplicate header name, a ragged row, and what :func:`delimited_rows` refuses.
+    """
+    delimiter = sniff_delimiter(path) if path.suffix.lower() == ".csv" else "\t"
+    records = _tsv_records(path) if delimiter == "\t" else _csv_records(path, delimiter)
+    names: list[str] | None = None
+    for line, cells in records:
+        if _is_blank(cells):
+            continue
+        if names is None:
+            names = [c.strip() for c in cells]
+            for j, name in enumerate(names):
+                if name in names[:j]:
+                    raise DataError(
+                        f"{path}:{line}: the header names column {name!r} twice (columns "
+                        f"{names.index(name) + 1} and {j + 1}); rename one"
+                    )
+            continue
+        if len(cells) != len(names):
+            raise DataError(f"{path}:{line}: expected {len(names)} columns, found {len(cells)} (ragged row)")
+        yield line, dict(zip(names, cells))
+
+
 # ---------------------------------------------------------------------------------------------- records
 
 

@@ -13,14 +13,14 @@ corpus, a non-integer grade.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embforge.data.delimited import header_rows
 from embforge.data.tables import DataError, Dataset
+from embforge.files import read_jsonl
 
 
 @dataclass
@@ -148,23 +148,19 @@ def _rows(path: Path, mapping: Mapping[str, str] | None) -> Iterator[tuple[int, 
     mapping = dict(mapping or {})
     if not path.exists():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    rename = lambda row: {mapping.get(k, k): v for k, v in row.items()}  # noqa: E731
-    with path.open(encoding="utf-8", newline="") as handle:
-        if path.suffix.lower() in (".jsonl", ".json"):
-            for line, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{line}:{err.colno}: invalid JSON ({err.msg})") from err
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}:{line}:1: expected a JSON object, got {type(record).__name__}")
-                yield line, {k: "" if v is None else str(v) for k, v in rename(record).items()}
-        else:
-            reader = csv.DictReader(handle, delimiter="," if path.suffix.lower() == ".csv" else "\t")
-            for row in reader:
-                yield reader.line_num, {k: v or "" for k, v in rename(row).items() if k is not None}
+
+    def rename(line: int, row: Mapping[str, object]) -> dict[str, str]:
+        named: dict[str, str] = {}
+        for key, value in row.items():
+            name = mapping.get(key, key)
+            if name in named:
+                raise DataError(f"{path}:{line}: two columns become {name!r} (check the column mapping)")
+            named[name] = "" if value is None else str(value)
+        return named
+
+    rows = read_jsonl(path) if path.suffix.lower() in (".jsonl", ".json") else header_rows(path)
+    for line, row in rows:
+        yield line, rename(line, row)
 
 
 def _read_texts(
