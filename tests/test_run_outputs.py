@@ -105,7 +105,7 @@ def test_report_draws_the_run(finished_run, capsys):
     page = Path(result["report"]).read_text(encoding="utf-8")
     captions = re.findall(r"<figcaption>(.*?)</figcaption>", page)
     assert captions[:2] == ["Training loss", "Learning rate"]
-    assert "Evaluation: spearman" in captions and "Task weights (dynamic)" in captions
+    assert "Evaluation (0-100)" in captions and "Task weights (dynamic)" in captions
     assert any(c.startswith("Negative refreshes") for c in captions)
     assert result["charts"] == len(captions) == page.count("<svg")
     assert "loss: sts-mse" in page  # one loss line per task
@@ -123,6 +123,21 @@ def test_report_of_a_pipeline_and_of_a_wrong_folder(tmp_path, capsys):
     assert result["sections"] == 2 and result["charts"] == 4  # the torn last line is skipped
     assert main(["report", str(tmp_path / "stage-1-a" / "nothing")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_equal_metrics_share_one_line_and_others_get_their_own_chart(tmp_path):
+    evals = [
+        {"step": s, "eval": {"spearman": v, "spearman_dot": v, "margin": 150.0, "n": 9.0}}
+        for s, v in [(1, 70.0), (2, 80.0)]
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    result = write_report(tmp_path)
+    page = Path(result["report"]).read_text()
+    assert re.findall(r"<figcaption>(.*?)</figcaption>", page) == [
+        "Evaluation (0-100)",
+        "Evaluation: margin",
+    ]
+    assert "spearman = spearman_dot" in page and "Evaluation: n" not in page
 
 
 def test_nice_ticks():

@@ -33,7 +33,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin:
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28px; border-bottom: 1px solid #ddd; }
 .muted { color: #666; } .grid { display: flex; flex-wrap: wrap; gap: 16px; }
 figure { margin: 0; border: 1px solid #e3e3e3; border-radius: 6px; padding: 8px; background: #fff; }
-figcaption { font-weight: 600; margin: 0 0 4px 4px; }
+figcaption { font-weight: 600; margin: 0 0 4px 4px; } figure > div { max-width: 380px; font-size: 12px; }
 table { border-collapse: collapse; margin: 8px 0; } td, th { border: 1px solid #ddd; padding: 3px 10px; }
 th { background: #f5f5f5; text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 svg text { font: 11px system-ui, sans-serif; fill: #444; }
@@ -87,12 +87,7 @@ def _section(run: Path, *, title: str | None) -> tuple[str, int]:
         rates = [(r["step"], r["lr"]) for r in train if "lr" in r]
         if rates:
             figures.append(line_chart("Learning rate", {"lr": rates}, x_label="step"))
-    evals = [r for r in records if isinstance(r.get("eval"), dict)]
-    keys = [k for k in dict.fromkeys(k for r in evals for k in r["eval"]) if k != "n"]
-    for key in keys[:8]:
-        points = [(r["step"], r["eval"][key]) for r in evals if isinstance(r["eval"].get(key), (int, float))]
-        if points:
-            figures.append(line_chart(f"Evaluation: {key}", {key: points}, x_label="step", markers=True))
+    figures += _evaluation_charts([r for r in records if isinstance(r.get("eval"), dict)])
     weights = [r for r in records if isinstance(r.get("task_weights"), dict)]
     if weights:
         series: Series = {}
@@ -116,6 +111,36 @@ def _section(run: Path, *, title: str | None) -> tuple[str, int]:
     if refreshes:
         parts.append(_refresh_table(refreshes))
     return "".join(parts), len(figures)
+
+
+def _evaluation_charts(evals: list[dict[str, Any]]) -> list[str]:
+    """One chart of the 0-100 metrics (a metric equal to one before it at every step is named in its legend, not
+    drawn twice), one chart for each other metric; the evaluated row count ``n`` is left out."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for record in evals:
+        for key, value in record["eval"].items():
+            if key != "n" and _finite(value):
+                series.setdefault(key, []).append((record["step"], value))
+    percent: dict[str, list[str]] = {}  # drawn metric -> the metrics equal to it (e.g. spearman_dot)
+    figures = []
+    for key, points in series.items():
+        twin = next((k for k in percent if _same(series[k], points)), None)
+        if twin is not None:
+            percent[twin].append(key)
+        elif all(0 <= y <= 100 for _, y in points):
+            percent[key] = [key]
+        else:
+            figures.append(line_chart(f"Evaluation: {key}", {key: points}, x_label="step", markers=True))
+    if percent:
+        drawn = {" = ".join(names): series[key] for key, names in percent.items()}
+        figures.insert(0, line_chart("Evaluation (0-100)", drawn, x_label="step", markers=True))
+    return figures
+
+
+def _same(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> bool:
+    return len(a) == len(b) and all(
+        x == u and abs(y - v) <= 1e-6 * max(1.0, abs(y)) for (x, y), (u, v) in zip(a, b)
+    )
 
 
 def _summary(run: Path, records: list[dict[str, Any]]) -> str:
@@ -158,7 +183,7 @@ def _refresh_table(refreshes: Sequence[Mapping[str, Any]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- SVG charts
-WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 420, 250, 62, 12, 12, 40
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 380, 240, 62, 12, 12, 40
 
 
 def line_chart(
@@ -283,6 +308,8 @@ def _tick(value: float) -> str:
 
 
 def _num(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e9:
+        return str(int(value))
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e-2 and value != 0 else f"{value:.2f}"
     return "–" if value is None else str(value)
