@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ def serve(
     index_kind: str | None = None,
     index_options: dict[str, Any] | None = None,
     allow_model_mismatch: bool = False,
+    compact_bytes: int | None = 64 << 20,
     backend: str = "torch",
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -62,7 +64,7 @@ def serve(
     ``index`` is a folder in the one index format (:mod:`embforge.serve.store`; ``embforge index build`` writes
     it, or the server starts an empty one there). ``index_kind``/``index_options`` pick the index of a new folder;
     an existing folder of another kind is an error naming both, and one built by another model is refused unless
-    ``allow_model_mismatch``. On shutdown uvicorn stops accepting connections, waits up to
+    ``allow_model_mismatch``; ``compact_bytes`` of log start a background compaction. On shutdown uvicorn stops accepting connections, waits up to
     ``graceful_timeout_s`` for in-flight requests, then the app's lifespan drains the batch queues and compacts
     the index. ``threads`` caps the model's CPU threads (torch intra-op or onnxruntime intra-op); on a busy or
     shared CPU, fewer threads than cores avoids the slowdown of spinning thread pools competing for cores.
@@ -85,6 +87,7 @@ def serve(
             options=index_options,
             model=model_identity(encoder, model),
             allow_model_mismatch=allow_model_mismatch,
+            compact_bytes=compact_bytes,
         )
     app = create_app(encoder, reranker=scorer, store=store, config=cfg)
     server = uvicorn.Server(
@@ -92,7 +95,10 @@ def serve(
             app, cfg, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout_s
         )
     )
-    server.run()
+    with contextlib.suppress(
+        KeyboardInterrupt
+    ):  # uvicorn re-raises the SIGINT it handled (as uvicorn.run hides)
+        server.run()
 
 
 def uvicorn_config(
