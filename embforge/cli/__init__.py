@@ -25,6 +25,7 @@ VERB_MODULES = [
     "embforge.cli.teacher",
     "embforge.cli.score",
     "embforge.cli.merge",
+    "embforge.cli.curate",
 ]
 
 
