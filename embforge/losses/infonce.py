@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from embforge.data.augment import AUGMENTATIONS, augment_texts
 from embforge.losses.base import EmbeddingLoss, check_temperature, cosine_matrix
 
 
@@ -48,9 +49,36 @@ class SimCSELoss(InfoNCELoss):
 
     Columns: one text column (``text``, ``sentence1`` or ``anchor``); the trainer feeds it twice in one forward
     pass, so the two copies get independent dropout masks.
+
+    ``augment`` (``delete``, ``swap`` or ``cutoff``; :mod:`embforge.data.augment`) makes the second copy an edited
+    view of the text as well (``augment_rate`` of its words), applied once when the task is tokenised. The loss
+    itself only sees the two embedding tensors either way.
     """
 
     name = "simcse"
     min_texts = 1
     max_texts = 1
     repeat_single_text = True
+
+    def __init__(
+        self,
+        temperature: float = 0.05,
+        symmetric: bool = False,
+        augment: str | None = None,
+        augment_rate: float = 0.1,
+        augment_seed: int = 0,
+    ) -> None:
+        super().__init__(temperature=temperature, symmetric=symmetric)
+        if augment is not None and augment not in AUGMENTATIONS:
+            raise ValueError(f"augment must be one of {', '.join(AUGMENTATIONS)} or none, got {augment!r}")
+        if not 0 <= augment_rate <= 1:
+            raise ValueError(f"augment_rate must be in [0, 1], got {augment_rate}")
+        self.augment = augment
+        self.augment_rate = augment_rate
+        self.augment_seed = augment_seed
+
+    def second_view(self, texts: list[str]) -> list[str]:
+        """The texts of the second copy: an augmented view (``augment``), or the texts themselves."""
+        if self.augment is None:
+            return list(texts)
+        return augment_texts(texts, self.augment, rate=self.augment_rate, seed=self.augment_seed)
