@@ -248,3 +248,28 @@ def test_kill_9_during_adds_never_loses_or_half_keeps_a_document(tmp_path: Path,
         assert stored <= tried
         assert len(store.index) == len(stored)
         store._log.close()
+
+
+def test_an_hnsw_store_adds_to_an_exact_delta_and_merges_it_when_compacting(tmp_path: Path):
+    pytest.importorskip("faiss")
+    from embforge.retrieval.index.exact import NumpyIndex
+
+    base = _vectors(300)
+    store = DocumentStore.build(tmp_path / "s", [f"d{i}" for i in range(300)], ["t"] * 300, base, kind="hnsw")
+    new = _vectors(40, 1)
+    for n in range(5):
+        store.add(_docs([f"new{n}-{j}" for j in range(8)]), new[8 * n : 8 * n + 8])
+    assert len(store.index.main) == 300 and len(store.index.active) == 40  # adds did not touch HNSW
+    exact = NumpyIndex(DIM)
+    unit = np.concatenate([base, new]) / np.linalg.norm(np.concatenate([base, new]), axis=1, keepdims=True)
+    exact.add([f"d{i}" for i in range(300)] + [f"new{n}-{j}" for n in range(5) for j in range(8)], unit)
+    queries = _vectors(20, 2)
+    truth = exact.search(queries, 5)[1]
+    merged = [[h["id"] for h in row] for row in store.search(queries, 5)]
+    assert np.mean([len(set(a) & set(b)) / 5 for a, b in zip(merged, truth)]) >= 0.9
+    assert [store.search(new[i : i + 1], 1)[0][0]["id"] for i in (0, 39)] == ["new0-0", "new4-7"]
+    assert store.compact()
+    assert len(store.index.main) == 340 and len(store.index.active) == 0 and store.index.frozen is None
+    store.close()
+    again = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert len(again.index.main) == 340 and again.search(new[39:40], 1)[0][0]["id"] == "new4-7"

@@ -27,6 +27,7 @@ from embforge.serve.store import (
     remove,
     write_docs,
 )
+from embforge.serve.tiers import TieredIndex
 from embforge.serve.wal import LogWriter, fsync_dir, fsync_tree, read_log, write_atomic
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ def recover(
         root.mkdir(parents=True, exist_ok=True)
         index = create_index(kind or "exact", dim, storage=root / STORAGE_DIR, **(settings["options"] or {}))
         store = cls(dim, kind=kind or "exact", options=settings["options"], model=model, index=index)
+        store.index = TieredIndex(index)
         return _attach(store, root, segment=0, log_bytes=0, new=True, **settings)
     meta = json.loads(store_file.read_text())
     if "format" not in meta:
@@ -147,6 +149,7 @@ def recover(
     store = cls(
         dim, kind=meta["kind"], options=meta.get("options"), model=meta.get("model") or model, index=index
     )
+    store.index = TieredIndex(index)  # adds go to an exact delta where the kind's own add is not cheap
     if snapshot:
         store.docs = read_docs(root / snapshot / DOCS_FILE)
     segments, logged = _segments(root, log_start) or [log_start], 0
@@ -189,6 +192,11 @@ def _attach(
     store._log = LogWriter(root / f"wal-{segment:08d}.log", durable=settings["durable"])
     store._log_bytes = log_bytes
     store.compact_bytes = settings["compact_bytes"]
+    if (
+        store.compact_bytes is not None and log_bytes >= store.compact_bytes
+    ):  # a long log replayed: compact soon
+        store._start_compactor()
+        store._wake.set()
     if new:
         meta = json.loads((root / STORE_FILE).read_text()) if (root / STORE_FILE).exists() else {}
         _write_meta(store, meta.get("snapshot"), int(meta.get("log_start", segment)))
@@ -226,6 +234,7 @@ def _migrate(
             "%s: dropped %d documents without a vector (an interrupted add)", root, len(docs) - len(kept)
         )
     store = cls(dim, kind=old_kind, model=settings["model"], index=index)
+    store.index = TieredIndex(index)
     store.docs = kept
     if settings["read_only"]:
         store.folder = root

@@ -31,6 +31,7 @@ import numpy as np
 
 from embforge.retrieval.index.base import VectorIndex
 from embforge.retrieval.index.registry import check_kind, create_index
+from embforge.serve.tiers import TieredIndex
 from embforge.serve.wal import LogWriter, encode_record, to_json
 
 STORE_FILE = "store.json"
@@ -116,7 +117,8 @@ class DocumentStore:
         self.model = model
         self.folder: Path | None = None
         self.docs: dict[str, dict[str, Any]] = {}
-        self.index: VectorIndex = index if index is not None else create_index(kind, self.dim, **self.options)
+        main = index if index is not None else create_index(kind, self.dim, **self.options)
+        self.index = TieredIndex(main, tiered=False)  # :meth:`open` tiers it (adds to a delta, merged later)
         self._lock = threading.RLock()  # the in-memory state: held by search, and by add while it applies
         self._write_lock = threading.Lock()  # one writer at a time: log order = apply order
         self._compact_lock = threading.Lock()
@@ -286,7 +288,9 @@ class DocumentStore:
                 self._log_bytes = 0
                 with self._lock:
                     items = list(self.docs.items())
-                    write_index = self.index.snapshot()
+                    write_index = self.index.freeze()
+            if write_index is None:  # a tiered index: merge the frozen delta, then write the main index
+                write_index = self.index.merge(self._lock)
             write_snapshot(self, self._segment, items, write_index)
         return True
 

@@ -140,6 +140,20 @@ class FaissIndex(VectorIndex):
     def has(self, key: str) -> bool:
         return key in self._positions
 
+    def copy(self) -> FaissIndex:
+        """An independent copy (FAISS ``clone_index``): the document store adds to it while this one serves."""
+        other = FaissIndex.__new__(FaissIndex)
+        other.faiss, other.dim, other.kind, other.options = (
+            self.faiss,
+            self.dim,
+            self.kind,
+            dict(self.options),
+        )
+        other.ids, other._positions = list(self.ids), dict(self._positions)
+        other.index = None if self.index is None else self.faiss.clone_index(self.index)
+        other.set_search_options()
+        return other
+
     def snapshot(self) -> Callable[[Path], None]:
         data = None if self.index is None else self.faiss.serialize_index(self.index)  # a copy
         ids, meta = (
