@@ -63,7 +63,8 @@ def init_from_env(*, timeout_s: float | None = None) -> int:
         timeout_s = float(os.environ.get("EMBFORGE_DIST_TIMEOUT", 7200))
     backend = "gloo"
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if _local_rank() < torch.cuda.device_count():  # else: CPU processes (--device cpu) on a GPU machine
+            torch.cuda.set_device(_local_rank())
         backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     atexit.register(teardown)
@@ -95,10 +96,19 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def rank_device(device: torch.device) -> torch.device:
     """Under torchrun, ``cuda`` (no index) becomes this process's GPU, ``cuda:LOCAL_RANK``."""
     if world_size() > 1 and device.type == "cuda" and device.index is None:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if _local_rank() >= torch.cuda.device_count():
+            raise ValueError(
+                f"torchrun started process {_local_rank()} of this node, which has {torch.cuda.device_count()} "
+                "GPU(s): use --nproc-per-node <GPUs per node> (one process per GPU), or --device cpu"
+            )
+        return torch.device("cuda", _local_rank())
     return device
 
 

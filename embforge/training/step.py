@@ -24,9 +24,11 @@ Mini-batches are counted in texts (pairs for cross-encoders) in the batch's own 
 sentence-transformers' ``mini_batch_size``: a budget a user can reason about. Inside a mini-batch, the
 padding-free forward then groups texts by length anyway.
 
-Where the next wrappers go: a cross-device gather (torchrun) sits between passes 1 and 2 — gather every rank's
-embeddings, compute the loss on the global batch, keep the local slice of the gradient — and DDP's gradient
-all-reduce belongs to the last backward of pass 3 (``no_sync`` around the others).
+Under torchrun (:mod:`embforge.training.distributed`) the same function runs on every rank with wrapped
+arguments: ``task`` is the rank's view of the batch, whose ``loss_fn`` all-gathers every rank's cached
+embeddings in pass 2 (the loss of the global batch; the gradient kept is the local slice's), and ``model`` is
+the rank's DDP forward, which runs pass 3 under ``no_sync`` except its last mini-batch, whose backward
+all-reduces the gradients.
 """
 
 from __future__ import annotations
