@@ -43,10 +43,11 @@ import embforge.serve.sockets, embforge.retrieval.corpus_cache, embforge.retriev
 import transformers, transformers.models.bert.modeling_bert, tokenizers  # noqa: F401
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
 import uvicorn.protocols.http.httptools_impl, uvicorn.lifespan.on, uvicorn.loops.auto  # noqa: F401
-try:
-    import uvloop  # noqa: F401
-except ImportError:
-    pass
+for optional in ("uvloop", "faiss"):
+    try:
+        __import__(optional)
+    except ImportError:
+        pass
 print("ready", flush=True)
 for line in sys.stdin:
     cmd = json.loads(line)
@@ -56,8 +57,8 @@ for line in sys.stdin:
         from embforge.serve.config import ServeConfig
         from embforge.serve.runner import serve
         config = ServeConfig(model_name="crash", max_wait_ms=2, header_timeout_s=5)
-        serve(cmd["model"], index=cmd["index"], port=cmd["port"], config=config, log_level="critical",
-              compact_bytes=cmd["compact_bytes"])
+        serve(cmd["model"], index=cmd["index"], index_kind=cmd["kind"], port=cmd["port"], config=config,
+              log_level="critical", compact_bytes=cmd["compact_bytes"])
         os._exit(0)
     print(pid, flush=True)
 """
@@ -203,6 +204,7 @@ def main() -> None:
     parser.add_argument("--min-run", type=float, default=0.2, help="shortest time before the kill (s)")
     parser.add_argument("--max-run", type=float, default=1.5, help="longest time before the kill (s)")
     parser.add_argument("--compact-bytes", type=int, default=48_000)
+    parser.add_argument("--index-kind", default="exact", help="index kind of the store (exact, hnsw, ...)")
     parser.add_argument("--folder", default=None, help="index folder (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -232,6 +234,7 @@ def main() -> None:
                 "index": str(folder),
                 "port": port,
                 "compact_bytes": args.compact_bytes,
+                "kind": args.index_kind,
             }
             zygote.stdin.write(json.dumps(command) + "\n")
             zygote.stdin.flush()
