@@ -217,3 +217,17 @@ def test_write_scored_files_and_the_score_cli(tmp_path: Path, sts_csv: Path, tin
     teacher = Encoder.load(tiny_model_dir)
     emb = teacher.encode(scored.columns["sentence1"][:1] + scored.columns["sentence2"][:1], normalize=True)
     assert scored.columns["score"][0] == pytest.approx(float(emb[0] @ emb[1]), abs=1e-5)
+
+
+def test_list_scores_read_back_as_a_label_matrix(tmp_path: Path) -> None:
+    """`embforge score` output for mined rows trains margin_mse / kl_distill directly (score lists -> (n, 1+k))."""
+    trip = Dataset("t", {"anchor": ["a", "b"], "positive": ["c", "d"], "negative": ["e", "f"]}, [1, 2])
+    write_scored(trip, [[1.0, 0.25], [0.5, 0.75]], tmp_path / "t.jsonl")
+    back = read_table(tmp_path / "t.jsonl")
+    labels = back.labels()
+    assert labels is not None and labels.shape == (2, 2)
+    assert labels.tolist() == [[1.0, 0.25], [0.5, 0.75]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"anchor": "a", "positive": "b", "negative": "c", "score": [1.0, "x"]}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        read_table(bad)
