@@ -230,7 +230,9 @@ def _validate(
 def _check_value(path: Path, line: int, name: str, value: object) -> object:
     if name == "score" and isinstance(value, list):  # one teacher score per candidate (`embforge score`)
         if not value or any(isinstance(v, list) for v in value):
-            raise DataError(f"{path}:{line}: column 'score': a list of scores must hold numbers, got {value!r}")
+            raise DataError(
+                f"{path}:{line}: column 'score': a list of scores must hold numbers, got {value!r}"
+            )
         return [_check_value(path, line, name, v) for v in value]
     if name == "score":
         number = parse_number(value)
