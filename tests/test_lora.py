@@ -111,8 +111,8 @@ def test_merged_and_unmerged_models_encode_the_same(tiny_encoder):
 def test_adapted_bert_takes_the_padded_path_with_the_adapters(tiny_encoder, monkeypatch):
     apply_lora(tiny_encoder, r=4)
     nonzero_adapters(tiny_encoder)
-    # peft's in-place injection keeps the BertModel class: only the explicit guard keeps packing away
-    assert packing.supports_packing(base_model(tiny_encoder.backbone))
+    # peft's in-place injection keeps the BertModel class: supports_packing's adapter guard keeps packing away
+    assert not packing.supports_packing(base_model(tiny_encoder.backbone))
     monkeypatch.setattr(tiny_encoder, "backbone", base_model(tiny_encoder.backbone))
 
     def refuse(*args, **kwargs):
@@ -222,11 +222,6 @@ def test_killed_lora_run_resumes_to_the_same_adapter_weights(tmp_path, tiny_mode
     assert any(not torch.equal(full[k], start[k]) for k in full if "lora_B" in k)  # it trained
 
 
-@pytest.mark.xfail(
-    reason="TrainConfig has no lora_* / merge_lora fields yet and run() does not call apply_lora "
-    "(trainer lead; see /tmp/notes/lora_decoder.md)",
-    strict=False,
-)
 def test_cli_train_with_lora_flags_saves_a_merged_model(tmp_path, tiny_model_dir, sts_csv):
     out = tmp_path / "out"
     command = [
@@ -240,6 +235,7 @@ def test_cli_train_with_lora_flags_saves_a_merged_model(tmp_path, tiny_model_dir
         str(sts_csv),
     ]
     command += ["--output", str(out), "--max-steps", "3", "--lora-r", "4", "--merge-lora", "--quiet"]
+    command += ["--keep-training-state"]  # checkpoints (with the adapter) stay for --resume
     subprocess.run(command, check=True, capture_output=True, text=True)
     assert not has_adapter(out) and has_adapter(out / "checkpoints" / "checkpoint-3" / "model")
 

@@ -70,9 +70,6 @@ def test_model_card_says_what_how_how_well_and_how_to_reproduce(finished_run, ti
     np.testing.assert_allclose(peer.encode(["a cat"]), model.encode(["a cat"]), atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="loop.py does not call write_model_card + finalize_run yet (issue #16)"
-)
 def test_train_leaves_a_model_card_and_no_training_state(tmp_path, tiny_model_dir, sts_csv):
     config = TrainConfig(output=str(tmp_path / "run"), batch_size=8, save_every=2, quiet=True)
     train(Encoder.load(tiny_model_dir), [Task("sts", read_table(sts_csv), get_loss("cosent"))], config)

@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.dropout import LayerMasks, head_mask
+from embforge.modeling.lora import uses_adapters
 from embforge.modeling.padding import sort_by_length, token_budget_chunks
 
 
@@ -33,7 +34,8 @@ def supports_packing(backbone: Any) -> bool:
     """Whether ``backbone`` is an encoder-only ``BertModel`` whose layers :func:`packed_hidden` can drive."""
     config = getattr(backbone, "config", None)
     return (
-        type(backbone).__name__ == "BertModel"
+        not uses_adapters(backbone)  # LoRA layers replace the Linear modules this forward reads weights from
+        and type(backbone).__name__ == "BertModel"
         and config is not None
         and not getattr(config, "is_decoder", False)
         and getattr(config, "position_embedding_type", "absolute") == "absolute"

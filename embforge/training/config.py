@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from embforge.modeling.lora import LoraConfig
 from embforge.modeling.precision import check_amp
 from embforge.training.sampling import STRATEGIES
 
@@ -56,6 +57,11 @@ class TrainConfig:
     mini_batch_size: int = 0
     gradient_checkpointing: bool = False
     gather_negatives: bool = True  # torchrun: each rank's loss is the global batch's (distributed.py)
+    lora_r: int = 0  # LoRA rank; 0 = full fine-tuning (embforge.modeling.lora)
+    lora_alpha: float | None = None  # None = 2 * lora_r
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"  # or e.g. "query,value" / "q_proj,v_proj"
+    merge_lora: bool = False  # fold the adapters into the final model (a plain sentence-transformers folder)
 
     def __post_init__(self) -> None:
         if self.mini_batch_size < 0:
@@ -68,6 +74,7 @@ class TrainConfig:
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
         check_amp(self.amp)
+        LoraConfig.from_fields(self)  # validates the lora_* fields
 
 
 def planned_steps(sizes: Sequence[int], config: TrainConfig) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +20,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from embforge.modeling.lora import merge_lora, uses_adapters
 from embforge.modeling.precision import amp_dtype
+from embforge.training.artifacts import finalize_run
 from embforge.training.checkpoints import (
     atomic_dir,
     latest_checkpoint,
@@ -28,8 +30,9 @@ from embforge.training.checkpoints import (
     save_checkpoint,
     set_rng_state,
 )
-from embforge.training.config import TrainConfig
+from embforge.training.config import TrainConfig, planned_steps, primary_metric
 from embforge.training.distributed import DataParallel, barrier, init_from_env, is_main, rank_device
+from embforge.training.model_card import task_info, write_model_card
 from embforge.training.sampling import TaskPlan, row_texts, uses_in_batch_negatives
 from embforge.training.step import cached_step
 from embforge.training.tasks import PreparedTask, Task, prepare
@@ -106,7 +109,8 @@ def train(
         tasks: One or more tasks; each batch comes from one task.
         config: Hyper-parameters and run options.
         evaluator: ``model -> metrics``; run every ``config.eval_every`` steps and at the end. The best value
-            of ``config.metric`` is kept in ``output/best``.
+            of ``config.metric`` (default: :func:`~embforge.training.config.primary_metric`) is kept in
+            ``output/best``.
         on_step: Called with the step number after every optimiser step.
         refresher: Called as ``refresher(step, model)`` after every optimiser step; when it returns tasks (the
             same number, the same rows, new texts — e.g. refreshed hard negatives, see
@@ -156,8 +160,7 @@ def train(
             distinct=distinct,
         )
 
-    batches_per_epoch = sum(math.ceil(n / config.batch_size) for n in sizes)
-    total_steps = config.max_steps or math.ceil(config.epochs * batches_per_epoch / config.grad_accum)
+    total_steps = planned_steps(sizes, config)
     optimizer = _adamw(_param_groups([model, losses], config.weight_decay), config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _linear_schedule(int(config.warmup_ratio * total_steps), total_steps)
@@ -206,12 +209,16 @@ def train(
                 plan = plan_for(progress["epoch"])
             batch = plan.take(progress, dynamic.weights if dynamic is not None else weights)
             task, rows = prepared[batch.task], batch.rows
-            seed = int(torch.randint(0, 2**62, ()).item())  # this micro-step's dropout masks (modeling/dropout.py)
+            seed = int(
+                torch.randint(0, 2**62, ()).item()
+            )  # this micro-step's dropout masks (modeling/dropout.py)
             net: Any = model
             if parallel is not None:  # this rank's part of the batch; DDP syncs in the last micro-step
                 net, task, rows = parallel.shard(task, rows, sync=micro == config.grad_accum - 1)
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                if config.mini_batch_size:  # GradCache (training/step.py): same loss and gradients, less memory
+                if (
+                    config.mini_batch_size
+                ):  # GradCache (training/step.py): same loss and gradients, less memory
                     loss = cached_step(
                         net,
                         task,
@@ -285,9 +292,10 @@ def train(
             last_metrics = evaluator(model)
             model.train()
             _append_jsonl(metrics_file, {"step": step, "eval": last_metrics})
-            value = last_metrics.get(config.metric)
+            metric = config.metric or primary_metric(last_metrics)
+            value = last_metrics.get(metric) if metric is not None else None
             if value is not None and (progress["best"] is None or value > progress["best"]["value"]):
-                progress["best"] = {"step": step, "value": value}
+                progress["best"] = {"step": step, "metric": metric, "value": value}
                 atomic_dir(out / "best", model.save)
         if evaluate:
             barrier()
@@ -317,6 +325,8 @@ def train(
         close()
     seconds = time.perf_counter() - started
     if main:
+        if config.merge_lora and uses_adapters(model):  # checkpoints/ and best/ keep the adapter/ folder
+            merge_lora(model)
         model.save(out)
     model.eval()
     summary = {
@@ -328,6 +338,20 @@ def train(
     }
     if main:
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_model_card(
+            out,
+            base_model=getattr(model, "name_or_path", None),
+            tasks_info=[task_info(t) for t in tasks],
+            config=config,
+            eval_results=last_metrics,
+            best=progress["best"],
+            seconds=seconds,
+            steps=progress["step"],
+            device=str(device),
+        )
+        summary["bytes_on_disk"] = finalize_run(out, keep_training_state=config.keep_training_state)
+        if not config.quiet:
+            print(f"train: saved {out} ({summary['bytes_on_disk'] / 2**20:.0f} MB on disk)", file=sys.stderr)
     barrier()  # torchrun: the other ranks return once rank 0 has saved the model
     return summary
 

@@ -164,7 +164,8 @@ def load_model(spec: RunSpec) -> Any:
         num_labels = None
         if not is_cross_encoder_folder(spec.model):
             num_labels = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
-        return CrossEncoder.load(spec.model, num_labels=num_labels, max_seq_length=spec.max_seq_length)
+        model: Any = CrossEncoder.load(spec.model, num_labels=num_labels, max_seq_length=spec.max_seq_length)
+        return with_lora(model, spec.config)
     if spec.model_type != "bi":
         raise ValueError(f"model_type must be 'bi' or 'cross', got {spec.model_type!r}")
     from embforge.encoder import Encoder
@@ -173,6 +174,18 @@ def load_model(spec: RunSpec) -> Any:
     if spec.matryoshka_dims and max(spec.matryoshka_dims) > model.dim:
         raise ValueError(
             f"matryoshka_dims: {max(spec.matryoshka_dims)} is larger than the model's dimension {model.dim}"
+        )
+    return with_lora(model, spec.config)
+
+
+def with_lora(model: Any, config: TrainConfig) -> Any:
+    """``model`` with LoRA adapters when ``config.lora_r`` > 0 (only the adapters train); else unchanged."""
+    from embforge.modeling.lora import LoraConfig, apply_lora, uses_adapters
+
+    lora = LoraConfig.from_fields(config)
+    if lora.enabled and not uses_adapters(model):  # an adapted folder already brings its adapters
+        apply_lora(
+            model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets, seed=config.seed
         )
     return model
 
