@@ -59,6 +59,9 @@ def model_settings(model: Encoder, folder: str | os.PathLike | None = None) -> d
     }
     extra = _st_config(folder)
     settings.update({key: extra.get(key) for key in _ST_KEYS})
+    settings["similarity_fn_name"] = (
+        extra.get("similarity_fn_name") or "cosine"
+    )  # sentence-transformers' default
     settings["prompts"] = extra.get("prompts") or model.prompts or {}
     settings["default_prompt_name"] = extra.get("default_prompt_name", model.default_prompt_name)
     return settings

@@ -91,6 +91,14 @@ def test_errors(folders: tuple[Path, Path, Path], tmp_path: Path) -> None:
     config.write_text(json.dumps({**json.loads(config.read_text()), "prompts": {"query": "query: "}}))
     with pytest.raises(ValueError, match="prompts differs"):
         Merger([a, prompted])
+    plain = _save(
+        tmp_path, "plain", 4
+    )  # a folder without similarity_fn_name means cosine (as in all-MiniLM-L6-v2)
+    config = plain / "config_sentence_transformers.json"
+    config.write_text(
+        json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "similarity_fn_name"})
+    )
+    assert Merger([a, plain]).settings["similarity_fn_name"] == "cosine"
     with pytest.raises(ValueError, match="sum to 1"):
         Merger([a, b]).merge([0.5, 0.6])
     with pytest.raises(ValueError, match="needs one or more fine-tuned models and their base"):
