@@ -273,3 +273,17 @@ def test_a_seed_fixes_the_initial_adapters_and_leaves_the_global_generator_alone
     assert all(torch.equal(first[k], second[k]) for k in first)
     other = adapter_weights(apply_lora(Encoder.load(tiny_model_dir), r=4, seed=4))
     assert any(not torch.equal(first[k], other[k]) for k in first if "lora_A" in k)
+
+
+def test_onnx_export_of_a_lora_folder_uses_the_merged_weights(tmp_path, tiny_encoder):
+    pytest.importorskip("onnxruntime")
+    from embforge.export import export_onnx
+    from embforge.modeling.onnx_runtime import OnnxEncoder
+
+    apply_lora(tiny_encoder, r=4)
+    nonzero_adapters(tiny_encoder)
+    expected = tiny_encoder.encode(TEXTS)
+    tiny_encoder.save(tmp_path / "lora")
+    report = export_onnx(tmp_path / "lora", tmp_path / "onnx", parity_texts=TEXTS)
+    assert report["parity"]["fp32_min_cosine"] > 0.9999
+    np.testing.assert_allclose(OnnxEncoder.load(tmp_path / "onnx").encode(TEXTS), expected, atol=1e-4)
