@@ -52,7 +52,8 @@ class TieredIndex:
         if not self.tiered:
             self.main.add(ids, vectors)
             return
-        clash = next((key for key in ids if self.has(key)), None)
+        deltas = [d for d in (self.active, self.frozen) if d is not None]
+        clash = next((key for key in ids if any(d.has(key) for d in deltas)), None)  # the store checked main
         if clash is not None:
             raise ValueError(f"index.add: id {clash!r} is already in the index (ids must be unique)")
         self.active.add(ids, vectors)
@@ -88,6 +89,12 @@ class TieredIndex:
         """Move the frozen delta into the main index (outside ``lock`` where the index can be copied), and return
         the main index's snapshot writer, which then holds exactly what was frozen."""
         frozen = self.frozen
+        if frozen is not None:  # ids the main index already has (a remote one may) are not added twice
+            keep = [i for i, key in enumerate(frozen.ids) if not self.main.has(key)]
+            if len(keep) < len(frozen):
+                rest = NumpyIndex(self.dim)
+                rest.add([frozen.ids[i] for i in keep], frozen.vectors[keep])
+                frozen = rest
         if frozen is not None and len(frozen):
             copy = getattr(self.main, "copy", None)
             if callable(copy):
