@@ -36,7 +36,8 @@ def kind(message: str, path: Path) -> str:
     """An error message without its location and specifics: ``invalid UTF-8 (byte 0x…)``."""
     text = re.sub(rf"^{re.escape(str(path))}:(\d+:)*\s*", "", message)
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
-    return re.sub(r"\b(0x)?[0-9a-f]*\d[0-9a-f]*\b", "N", text).split(";")[0][:90]
+    text = re.sub(r"(?<!UTF-)\b\d+(\.\d+)?\b", "N", re.sub(r"0x[0-9a-f]{2}", "0x..", text))
+    return text.split(";")[0][:90]
 
 
 def fuzz(

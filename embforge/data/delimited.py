@@ -140,11 +140,12 @@ def header_names(cells: list[str], mapping: dict[str, str], where: str) -> list[
     else:
         unknown = [n for n in names if standard_name(n) is None]
         if unknown:
+            example = ",".join(f"{n}=..." for n in unknown[:2])
             raise DataError(
                 f"{where} the header has columns embforge does not know: {', '.join(map(repr, unknown))}; say "
-                f"which columns to use with --columns (e.g. --columns '{unknown[0]}=text,...'; standard names: "
-                "sentence1, sentence2, score, anchor, positive, negative[_N], text, label), or pass --no-header "
-                "if the first row is data"
+                f"which columns to use and what they are with --columns 'SOURCE=STANDARD,...' (e.g. --columns "
+                f"'{example}'; standard names: sentence1, sentence2, score, anchor, positive, negative[_N], text, "
+                "label; other columns are ignored), or pass --no-header if the first row is data"
             )
         resolved = {i: key for i, key in enumerate(keys)}
     for i in resolved:

@@ -79,11 +79,14 @@ def start_run(folder: Path, *, resume: bool, log: Path | None = None) -> Path | 
 
     With ``resume``, this is :func:`checkpoint_to_resume`. Without it, a new run begins: it gets a fresh id in
     ``run.json`` and the previous run's ``latest`` pointer is removed (its checkpoints stay), so that if this run
-    is killed before its first checkpoint, ``--resume`` does not continue the previous run instead.
+    is killed before its first checkpoint, ``--resume`` does not continue the previous run instead. Every rank
+    of a distributed run may call it: only rank 0 writes.
     """
     folder = Path(folder)
     if resume:
         return checkpoint_to_resume(folder, log=log)
+    if not _is_main_process():  # torchrun: rank 0 owns the folder
+        return None
     folder.mkdir(parents=True, exist_ok=True)
     (folder / LATEST).unlink(missing_ok=True)
     write_text_atomic(folder / RUN_FILE, json.dumps({"run_id": uuid.uuid4().hex}) + "\n")
