@@ -54,23 +54,33 @@ class Stop(Exception):
     """Raised from ``on_step`` to interrupt a run (as a kill would, after its last checkpoint)."""
 
 
+def load_model(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """The spec's model and the function that makes its losses by name (a cross-encoder when ``spec["cross"]``)."""
+    if spec.get("cross"):
+        from embforge.cross_encoder import CrossEncoder
+        from embforge.losses.cross import get_cross_loss
+
+        return CrossEncoder.load(spec["model"]), get_cross_loss
+    from embforge.encoder import Encoder
+    from embforge.losses import get_loss
+
+    return Encoder.load(spec["model"]), get_loss
+
+
 def run_training(spec: dict[str, Any], output: str) -> None:
     """Train ``spec["model"]`` on ``spec["tasks"]`` ([(name, file, loss, options)]) with ``spec["config"]``.
 
     With ``spec["stop_after"]`` the run is interrupted after that step and then resumed to the end.
     """
     from embforge.data.tables import read_table
-    from embforge.encoder import Encoder
-    from embforge.losses import get_loss
     from embforge.training.config import TrainConfig
     from embforge.training.loop import train
     from embforge.training.tasks import Task
 
     def once(resume: bool, stop_after: int | None) -> None:
-        model = Encoder.load(spec["model"])
+        model, make = load_model(spec)
         tasks = [
-            Task(name, read_table(path), get_loss(loss, **options))
-            for name, path, loss, options in spec["tasks"]
+            Task(name, read_table(path), make(loss, **options)) for name, path, loss, options in spec["tasks"]
         ]
         config = TrainConfig(output=output, quiet=True, resume=resume, **spec["config"])
 
@@ -87,10 +97,51 @@ def run_training(spec: dict[str, Any], output: str) -> None:
         once(True, None)
 
 
+def step_gradients(spec: dict[str, Any], output: str) -> None:
+    """One micro-step on the first ``spec["rows"]`` rows of ``spec["tasks"][0]``, plain then cached, the way the
+    trainer runs it (under torchrun: :meth:`DataParallel.shard`); the model's gradients go to
+    ``output/<plain|cached>.pt`` (rank 0's: after DDP's all-reduce every rank holds the same)."""
+    import torch
+
+    from embforge.data.tables import read_table
+    from embforge.training.distributed import DataParallel, is_main, world_size
+    from embforge.training.step import cached_step
+    from embforge.training.tasks import Task, prepare
+
+    model, make = load_model(spec)
+    name, path, loss, options = spec["tasks"][0]
+    task = prepare(Task(name, read_table(path), make(loss, **options)), model)
+    rows = tuple(range(spec["rows"]))
+    parallel = DataParallel(model, gather=True) if world_size() > 1 else None
+    model.train()
+    os.makedirs(output, exist_ok=True)
+    for mode in ("plain", "cached"):
+        model.zero_grad(set_to_none=True)
+        net, view, local = parallel.shard(task, rows, sync=True) if parallel else (model, task, rows)
+        if mode == "plain":
+            view.loss_fn(
+                net(view.inputs(local), max_tokens=512, dropout_seed=7), view.labels(local)
+            ).backward()
+        else:
+            cached_step(
+                net,
+                view,
+                local,
+                mini_batch_size=20,
+                max_tokens=512,
+                dropout_seed=7,
+                backward=lambda x: x.backward(),
+            )
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        if is_main():
+            torch.save(grads, os.path.join(output, f"{mode}.pt"))
+
+
 def run_trainings(specs: list[dict[str, Any]], root: str) -> None:
     """Every spec in turn, into ``root/<spec name>`` (one process group for all: the start-up is the slow part)."""
     for spec in specs:
-        run_training(spec, os.path.join(root, spec["name"]))
+        run = step_gradients if "rows" in spec else run_training
+        run(spec, os.path.join(root, spec["name"]))
 
 
 def gather_check(rows: int) -> None:
