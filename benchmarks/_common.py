@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embforge.training.loop import TrainConfig
+from embforge.training.config import TrainConfig
 
 
 def peer_training_args(cls: Any, args: Any, out: Any) -> Any:

@@ -105,7 +105,6 @@ def peer_step(batch: int, mini: int, max_seq_length: int) -> tuple[callable, obj
 
 def child(config: str, steps: int, max_seq_length: int) -> dict:
     import psutil
-
     from bench_train import PeakRSS
 
     torch.manual_seed(0)
@@ -132,8 +131,12 @@ def child(config: str, steps: int, max_seq_length: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", help="configuration(s) to run, e.g. embforge-cached:256:32")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", action="append", help="configuration(s) to run, e.g. embforge-cached:256:32"
+    )
     parser.add_argument("--steps", type=int, default=1, help="timed steps after the warm-up step (default 1)")
     parser.add_argument("--max-seq-length", type=int, default=256, help="tokens per text (default 256)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -145,9 +148,20 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parent)}
     for config in args.only or CONFIGS:
         out = subprocess.run(
-            [sys.executable, __file__, "--child", config, "--steps", str(args.steps),
-             "--max-seq-length", str(args.max_seq_length)],
-            capture_output=True, text=True, env=env, check=False,
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                config,
+                "--steps",
+                str(args.steps),
+                "--max-seq-length",
+                str(args.max_seq_length),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
         )
         if out.returncode != 0:
             print(f"{config}: failed\n{out.stderr[-2000:]}", file=sys.stderr)

@@ -34,10 +34,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from embforge.data.builtin.banking77 import load_banking77
 from embforge.data.builtin.mrpc import load_mrpc
 from embforge.data.builtin.scifact import load_scifact
-from embforge.data.retrieval import training_pairs
 from embforge.data.builtin.snli_triplets import load_snli_triplets
 from embforge.data.paths import data_root
-from embforge.data.retrieval import RetrievalData
+from embforge.data.retrieval import RetrievalData, training_pairs
 from embforge.data.tables import read_table
 from embforge.encoder import Encoder
 from embforge.evaluate.classification import evaluate_classification

@@ -47,7 +47,8 @@ def main():
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import evaluate_retrieval
     from embforge.losses import get_loss
-    from embforge.training.loop import TrainConfig, train
+    from embforge.training.config import TrainConfig
+    from embforge.training.loop import train
     from embforge.training.refresh import retrieval_training
 
     train_data = sub_corpus(load_scifact("train"), args.train_docs)

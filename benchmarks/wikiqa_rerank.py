@@ -31,7 +31,8 @@ from embforge.retrieval.two_stage import (
     pool_candidates,
     retrieve_and_rerank,
 )
-from embforge.training.loop import TrainConfig, train
+from embforge.training.config import TrainConfig
+from embforge.training.loop import train
 from embforge.training.tasks import Task
 
 

@@ -144,7 +144,9 @@ class CrossEncoder(nn.Module):
                 keys=keys,
                 device=self.device,
             )
-            return packed_logits(self.model, batch, checkpoint_layers=self.checkpointing).float()[batch.inverse]
+            return packed_logits(self.model, batch, checkpoint_layers=self.checkpointing).float()[
+                batch.inverse
+            ]
         return in_length_chunks(
             items,
             max_tokens,

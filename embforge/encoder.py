@@ -87,7 +87,9 @@ class Encoder(PromptTokenizing, nn.Module):
 
     @property
     def dim(self) -> int:
-        return int(self.dense.out_features) if self.dense is not None else int(self.backbone.config.hidden_size)
+        return (
+            int(self.dense.out_features) if self.dense is not None else int(self.backbone.config.hidden_size)
+        )
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -330,7 +332,10 @@ class Encoder(PromptTokenizing, nn.Module):
             {"max_seq_length": self.max_seq_length, "do_lower_case": False},
         )
         (root / "1_Pooling").mkdir(exist_ok=True)
-        _write_json(root / "1_Pooling" / "config.json", st_config_for_mode(self.pooling, self.backbone.config.hidden_size))
+        _write_json(
+            root / "1_Pooling" / "config.json",
+            st_config_for_mode(self.pooling, self.backbone.config.hidden_size),
+        )
         _write_json(
             root / "config_sentence_transformers.json",
             {

@@ -18,7 +18,28 @@ from embforge.training.step import cached_step
 from embforge.training.tasks import Task, prepare
 from tests.conftest import make_cross_encoder
 
-WORDS = "a the cat dog man woman plays guitar piano flute plane car road red blue green small big house tree".split()
+WORDS = [
+    "a",
+    "the",
+    "cat",
+    "dog",
+    "man",
+    "woman",
+    "plays",
+    "guitar",
+    "piano",
+    "flute",
+    "plane",
+    "car",
+    "road",
+    "red",
+    "blue",
+    "green",
+    "small",
+    "big",
+    "house",
+    "tree",
+]
 
 
 def texts(n: int, seed: int) -> list[str]:

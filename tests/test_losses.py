@@ -23,7 +23,6 @@ from embforge.losses import (
 )
 
 
-
 @pytest.fixture
 def st_losses():
     """sentence-transformers' losses, the reference (only the parity tests need it installed)."""

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from embforge.evaluate.ranking import evaluate_run, evaluate_run_per_query, parse_metric, rank_documents
 
-
 METRICS = {
     "ndcg@10": "ndcg_cut_10",
     "ndcg@3": "ndcg_cut_3",
@@ -87,7 +86,11 @@ def test_relevance_level():
     run = {"q": {"a": 2.0, "b": 1.0}}
     qrels = {"q": {"a": 1, "b": 2}}
     assert evaluate_run(run, qrels, ["mrr@10"], relevance_level=2) == {"mrr@10": 0.5}
-    theirs = pytest.importorskip("pytrec_eval").RelevanceEvaluator(qrels, {"recip_rank"}, relevance_level=2).evaluate(run)
+    theirs = (
+        pytest.importorskip("pytrec_eval")
+        .RelevanceEvaluator(qrels, {"recip_rank"}, relevance_level=2)
+        .evaluate(run)
+    )
     assert theirs["q"]["recip_rank"] == 0.5
 
 

@@ -168,7 +168,8 @@ def run_one(
 
     from embforge.evaluate.pairs import best_threshold, score_pairs
     from embforge.evaluate.similarity import correlations
-    from embforge.training.loop import TrainConfig, train
+    from embforge.training.config import TrainConfig
+    from embforge.training.loop import train
     from embforge.training.tasks import Task
 
     torch.manual_seed(seed)  # the new heads are initialised from the seed too

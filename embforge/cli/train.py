@@ -76,16 +76,16 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--resume", action="store_true", default=None, help="continue from the last checkpoint"
     )
     parser.add_argument(
-        "--keep-training-state",
-        action="store_true",
-        default=None,
-        help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later",
-    )
-    parser.add_argument(
         "--merge-lora",
         action="store_true",
         default=None,
         help="fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder)",
+    )
+    parser.add_argument(
+        "--keep-training-state",
+        action="store_true",
+        default=None,
+        help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later",
     )
     parser.add_argument(
         "--gather-negatives",

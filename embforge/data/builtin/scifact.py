@@ -21,7 +21,7 @@ from pathlib import Path
 
 from embforge.data.paths import data_root
 from embforge.data.retrieval import RetrievalData
-from embforge.data.tables import DataError, Dataset
+from embforge.data.tables import DataError
 
 SPLITS = ("train", "dev", "all")
 
