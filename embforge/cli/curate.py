@@ -39,7 +39,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--consistency", action="store_true", help="keep a pair only if its positive is in top-k"
     )
-    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument(
+        "--top-k", type=int, default=10, help="with --consistency: the positive must rank in the top k"
+    )
     parser.add_argument("--cross-encoder", default=None, help="confirms pairs (rescues consistency failures)")
     parser.add_argument(
         "--cross-threshold", type=float, default=0.5, help="cross-encoder score to confirm a pair"
