@@ -46,7 +46,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--cross-threshold", type=float, default=0.5, help="cross-encoder score to confirm a pair"
     )
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+    )
     parser.set_defaults(func=run_curate)
 
 
