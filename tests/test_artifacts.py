@@ -19,7 +19,10 @@ from embforge.training.tasks import Task
 def _finished_run(tiny_model_dir, sts_csv, out):
     model = Encoder.load(tiny_model_dir)
     data = read_table(sts_csv)
-    config = TrainConfig(output=str(out), batch_size=8, lr=1e-3, save_every=2, quiet=True)
+    # the training state kept by train() itself, so that finalize_run can be tested on it
+    config = TrainConfig(
+        output=str(out), batch_size=8, lr=1e-3, save_every=2, quiet=True, keep_training_state=True
+    )
     train(model, [Task("sts", data, get_loss("cosent"))], config, evaluator=sts_evaluator(data))
     return model
 
