@@ -255,3 +255,25 @@ def test_torchrun_train_from_the_command_line(runs, tmp_path):
     assert len(reports) == 1 and json.loads(reports[0])["steps"] == 2
     assert main([*args, "--output", str(tmp_path / "one")]) == 0
     assert max_diff(Encoder.load(tmp_path / "two"), Encoder.load(tmp_path / "one")) <= 1e-5
+
+
+def test_torchrun_pipeline_with_mining(runs, tmp_path):
+    """A TOML pipeline stage that mines its negatives (sharded) and trains: the same mined rows and final model
+    as one process; rank 0 alone writes the stage's files."""
+    from embforge.cli import main
+
+    spec, _ = runs["two tasks (cosent + matryoshka infonce)"]
+    pairs = spec["tasks"][1][1]
+    (tmp_path / "pipe.toml").write_text(
+        f'model = "{spec["model"]}"\n[defaults]\nbatch_size = 32\nlr = 1e-3\namp = "no"\ndevice = "cpu"\n'
+        f'seed = 3\nsave_every = 0\n[[stages]]\nname = "mined"\nsteps = 2\n  [[stages.tasks]]\n  name = "pairs"\n'
+        f'  data = "{pairs}"\n  loss = "infonce"\n  mine = {{ method = "dense", num_negatives = 1 }}\n'
+    )
+    done = torchrun("train", "pipe.toml", "--output", "two", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len([line for line in done.stdout.splitlines() if line.startswith("{")]) == 1
+    assert main(["train", str(tmp_path / "pipe.toml"), "--output", str(tmp_path / "one"), "--quiet"]) == 0
+    mined = "stage-1-mined/mined-pairs.jsonl"
+    assert (tmp_path / "two" / mined).read_text() == (tmp_path / "one" / mined).read_text()
+    two, one = Encoder.load(tmp_path / "two" / "final"), Encoder.load(tmp_path / "one" / "final")
+    assert max_diff(two, one) <= 1e-5
