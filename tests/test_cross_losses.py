@@ -51,7 +51,7 @@ def test_bce_rejects_graded_labels_without_label_max():
 def test_unknown_loss_names_the_choices():
     with pytest.raises(ValueError, match="bce, ce, cosent, mse, listwise"):
         get_cross_loss("hinge")
-    assert set(CROSS_LOSSES) == {"bce", "ce", "cosent", "mse", "listwise"}
+    assert set(CROSS_LOSSES) == {"bce", "ce", "cosent", "mse", "listwise", "margin_mse", "kl_distill"}
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,7 @@ def test_unknown_model_and_module_errors(tmp_path, tiny_model_dir):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Encoder.load(tmp_path / "nope")
     modules = (tiny_model_dir / "modules.json").read_text()
-    (tiny_model_dir / "modules.json").write_text(modules.replace("models.Pooling", "models.Dense"))
+    (tiny_model_dir / "modules.json").write_text(modules.replace("models.Pooling", "models.LSTM"))
     with pytest.raises(ValueError, match="not supported"):
         Encoder.load(tiny_model_dir)
 

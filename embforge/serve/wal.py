@@ -16,8 +16,8 @@ Example:
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "wal-00000000.log"
     >>> record = encode_record([{"id": "a\\nb", "text": "t", "fields": {}}], np.ones((1, 2), np.float32))
     >>> _ = path.write_bytes(record + record[:7])  # a second record torn by a crash
-    >>> docs, end = read_log(path, dim=2)
-    >>> [d["id"] for d, _ in docs], end == len(record)
+    >>> records, end = read_log(path, dim=2)
+    >>> [d["id"] for docs, _ in records for d in docs], end == len(record)
     (['a\\nb'], True)
 """
 
