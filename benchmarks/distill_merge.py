@@ -165,7 +165,7 @@ def run_teacher(args: argparse.Namespace) -> None:
     from embforge.encoder import Encoder
 
     sts = load_builtin("stsb", "test")
-    texts = sorted(set(sts.columns["sentence1"]) | set(sts.columns["sentence2"]))
+    texts = sorted(set(sts.columns["sentence1"]) | set(sts.columns["sentence2"]))[: args.limit]
     cache = Path(args.out) / "teacher-cache"
     shutil.rmtree(cache, ignore_errors=True)
     started = time.perf_counter()
@@ -209,6 +209,7 @@ def main() -> None:
     teacher.add_argument("--teacher", default="models/all-mpnet-base-v2")
     teacher.add_argument("--student", default="all-MiniLM-L6-v2")
     teacher.add_argument("--out", default="runs/distill_merge")
+    teacher.add_argument("--limit", type=int, default=None, help="only the first N sentences (sorted)")
     teacher.set_defaults(func=run_teacher)
     args = parser.parse_args()
     args.func(args)
