@@ -97,7 +97,7 @@ def test_cli_train_with_refresh(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     argv = ["train", "--model", str(tiny_model_dir), "--retrieval-train", str(root), "--num-negatives", "1"]
     argv += ["--refresh-negatives-every", "2", "--batch-size", "4", "--output", str(out), "--quiet"]
-    assert main([*argv, "--max-steps", "5", "--save-every", "5"]) == 0
+    assert main([*argv, "--max-steps", "5", "--save-every", "5", "--keep-training-state"]) == 0
     records = [json.loads(line) for line in (out / "refresh.jsonl").read_text().splitlines()]
     assert records and all("stall_seconds" in r for r in records if r["event"] == "refresh")
     assert (out / "model.safetensors").exists()
