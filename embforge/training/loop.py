@@ -25,10 +25,10 @@ from embforge.modeling.precision import amp_dtype
 from embforge.training.artifacts import finalize_run
 from embforge.training.checkpoints import (
     atomic_dir,
-    latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
     set_rng_state,
+    start_run,
 )
 from embforge.training.config import TrainConfig, planned_steps, primary_metric
 from embforge.training.distributed import DataParallel, barrier, init_from_env, is_main, rank_device
@@ -176,7 +176,7 @@ def train(
     progress: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "best": None, "pairs": 0}
 
     checkpoints = out / "checkpoints"
-    resume_from = latest_checkpoint(checkpoints) if config.resume else None
+    resume_from = start_run(checkpoints, resume=config.resume, log=out / "metrics.jsonl" if main else None)
     if resume_from is not None:
         state, loss_state, progress = load_trainer_state(resume_from)
         model.load_state_dict(type(model).load(resume_from / "model").state_dict())
