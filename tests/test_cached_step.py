@@ -16,30 +16,7 @@ from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.step import cached_step
 from embforge.training.tasks import Task, prepare
-from tests.conftest import make_cross_encoder
-
-WORDS = [
-    "a",
-    "the",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "plays",
-    "guitar",
-    "piano",
-    "flute",
-    "plane",
-    "car",
-    "road",
-    "red",
-    "blue",
-    "green",
-    "small",
-    "big",
-    "house",
-    "tree",
-]
+from tests.conftest import WORDS, make_cross_encoder
 
 
 def texts(n: int, seed: int) -> list[str]:

@@ -8,29 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
+from tests.conftest import WORDS
 from tests.distributed_helpers import encode_everything, sharded_encoding_worker, spawn, torchrun
-
-WORDS = [
-    "a",
-    "the",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "plays",
-    "guitar",
-    "piano",
-    "flute",
-    "plane",
-    "car",
-    "road",
-    "red",
-    "blue",
-    "green",
-    "small",
-    "big",
-    "house",
-]
 
 
 def texts(n: int, seed: int = 0) -> list[str]:
