@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from embforge.modeling.precision import AMP_SETTINGS
@@ -33,6 +33,46 @@ def add_amp_arg(parser: argparse.ArgumentParser) -> None:
         help="mixed precision of the forward passes: no (fp32, default), auto, bf16, fp16; bf16 about "
         "halves CPU encoding time on CPUs with native bf16 (embforge/precision.py)",
     )
+
+
+def add_batch_size_arg(parser: argparse.ArgumentParser, *, default: int = 64) -> None:
+    """``--batch-size``: texts per forward pass of the verb's model(s)."""
+    parser.add_argument(
+        "--batch-size", type=int, default=default, help="texts per forward pass (default %(default)s)"
+    )
+
+
+def add_eval_kind(
+    evals: argparse._SubParsersAction,
+    name: str,
+    *,
+    help: str,
+    description: str | None,
+    func: Callable[[argparse.Namespace], Any],
+    data_flag: str = "--data",
+) -> argparse.ArgumentParser:
+    """``embforge eval NAME``: a model scored on one data file (``--model``, ``--amp``, the file's arguments,
+    ``--batch-size``), run by ``func``; the parser, to add the evaluation's own arguments to."""
+    parser = evals.add_parser(name, help=help, description=description)
+    add_model_arg(parser)
+    add_data_args(parser, flag=data_flag)
+    add_batch_size_arg(parser)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def add_actions(
+    verbs: argparse._SubParsersAction,
+    name: str,
+    *,
+    help: str,
+    dest: str,
+    description: str | None = None,
+) -> argparse._SubParsersAction:
+    """A verb whose next word picks an action (``embforge index build``): the sub-parsers to add the actions to
+    (one is required; listed as ``DEST`` in upper case)."""
+    parser = verbs.add_parser(name, help=help, description=description)
+    return parser.add_subparsers(dest=dest, required=True, metavar=dest.upper())
 
 
 def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", required: bool = True) -> None:

@@ -8,39 +8,30 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_amp_arg, add_data_args, add_model_arg
+from embforge.cli.common import add_actions, add_amp_arg, add_batch_size_arg, add_data_args, add_eval_kind
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    pairs = evals.add_parser(
+    pairs = add_eval_kind(
+        evals,
         "pairs",
         help="pair classification: accuracy (threshold from --dev), F1, AP, ROC-AUC (0-100)",
         description="Pair classification of a bi- or cross-encoder on sentence1, sentence2, label (0/1) rows.",
+        func=run_eval_pairs,
     )
-    add_model_arg(pairs)
-    add_data_args(pairs)
     pairs.add_argument(
         "--dev", help="dev file for the accuracy threshold (default: searched on --data itself)"
     )
-    pairs.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
-    pairs.set_defaults(func=run_eval_pairs)
-
-    rerank = evals.add_parser(
+    rerank = add_eval_kind(
+        evals,
         "rerank",
         help="MRR@10, NDCG@10, MAP (0-100) over each query's candidates",
         description="Rank each query's candidates (rows sentence1=query, sentence2=candidate, label=grade).",
+        func=run_eval_rerank,
     )
-    add_model_arg(rerank)
-    add_data_args(rerank)
     rerank.add_argument(
         "--all-queries", action="store_true", help="keep queries without a relevant candidate (scored 0)"
     )
-    rerank.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
-    rerank.set_defaults(func=run_eval_rerank)
 
     two_stage = verbs.add_parser(
         "rerank",
@@ -54,9 +45,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     two_stage.add_argument(
         "--top-k", type=int, default=20, help="candidates re-scored per query (default 20)"
     )
-    two_stage.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(two_stage)
     two_stage.add_argument(
         "--fusion",
         type=float,
@@ -68,8 +57,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     add_amp_arg(two_stage)
     two_stage.set_defaults(func=run_two_stage)
 
-    bench = verbs.add_parser("bench", help="reproducible experiments (see `embforge bench cosent-vs-ce -h`)")
-    experiments = bench.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    experiments = add_actions(
+        verbs,
+        "bench",
+        help="reproducible experiments (see `embforge bench cosent-vs-ce -h`)",
+        dest="experiment",
+    )
     from embforge.bench.cosent_vs_ce import add_arguments
 
     cosent = experiments.add_parser(

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from embforge.cli.common import add_batch_size_arg
+
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser(
@@ -46,9 +48,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--cross-threshold", type=float, default=0.5, help="cross-encoder score to confirm a pair"
     )
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(parser)
     parser.set_defaults(func=run_curate)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_model_arg
+from embforge.cli.common import add_batch_size_arg, add_model_arg
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -16,9 +16,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     parser.add_argument("--output", required=True, help="output .npy file")
     parser.add_argument("--columns", default=None, help="column mapping for tables, e.g. 'sentence=text'")
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(parser, default=32)
     parser.add_argument("--dim", type=int, default=None, help="truncate to this many dimensions (Matryoshka)")
     parser.add_argument("--prompt-name", default=None, help="one of the model's prompts, e.g. query")
     parser.add_argument(

@@ -6,35 +6,27 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from embforge.cli.common import add_data_args, add_model_arg, int_list
+from embforge.cli.common import add_batch_size_arg, add_data_args, add_eval_kind, add_model_arg, int_list
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    parser = evals.add_parser(
+    parser = add_eval_kind(
+        evals,
         "classification",
         help="logistic regression on frozen embeddings: accuracy and macro-F1 (0-100)",
         description="Fit logistic regression on the embeddings of --train (text,label), score it on --test.",
+        func=run_classification,
+        data_flag="--train",
     )
-    add_model_arg(parser)
-    add_data_args(parser, flag="--train")
     parser.add_argument("--test", required=True, help="CSV/TSV/JSONL/Parquet file with text,label")
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
-    parser.set_defaults(func=run_classification)
-
-    parser = evals.add_parser(
+    parser = add_eval_kind(
+        evals,
         "clustering",
         help="k-means on embeddings (k = number of labels): V-measure (0-100)",
         description="Cluster the embeddings of --data (text,label) with k-means and report V-measure.",
-    )
-    add_model_arg(parser)
-    add_data_args(parser)
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
+        func=run_clustering,
     )
     parser.add_argument("--seeds", type=int, default=3, help="k-means runs averaged (default 3)")
-    parser.set_defaults(func=run_clustering)
 
     parser = evals.add_parser(
         "matryoshka",
@@ -60,9 +52,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         default=None,
         help="PNG file to write (default: matryoshka-<task>.png in the current folder)",
     )
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(parser)
     parser.set_defaults(func=run_matryoshka)
 
 

