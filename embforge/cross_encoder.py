@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,7 @@ from embforge.modeling.padding import (
     sort_by_length,
     token_budget_chunks,
 )
-from embforge.modeling.resolve import hf_quiet, resolve_model_path
+from embforge.modeling.resolve import default_max_seq_length, resolve_model_path
 from embforge.progress import progress_bar, progress_enabled
 
 # activation applied by predict() -> sentence-transformers' name for it
@@ -309,9 +308,7 @@ class CrossEncoder(nn.Module):
             ).get("activation_fn")
             activation = next((k for k, v in _ACTIVATIONS.items() if v == saved_fn), None)
         if max_seq_length is None:
-            max_seq_length = saved.get("max_seq_length") or min(
-                512, int(getattr(tokenizer, "model_max_length", 512) or 512)
-            )
+            max_seq_length = saved.get("max_seq_length") or default_max_seq_length(tokenizer)
         if has_adapter(root) and is_cross_encoder_folder(root):  # LoRA: base + adapter/ (modeling/lora.py)
             model = load_adapter(model, root)
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
@@ -324,11 +321,8 @@ class CrossEncoder(nn.Module):
         """Write safetensors weights, tokenizer and sentence-transformers' cross-encoder config to ``path``."""
         from embforge.encoder import _version
 
-        root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
         self.model.config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}
-        with hf_quiet():  # no "Writing model shards" bar for a one-file model
-            save_backbone(self.model, root)  # with adapters: base weights + adapter/ (modeling/lora.py)
+        root = save_backbone(self.model, path)  # with adapters: base weights + adapter/ (modeling/lora.py)
         self.tokenizer.model_max_length = (
             self.max_seq_length
         )  # sentence-transformers truncates pairs at this length

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
 import torch
@@ -21,15 +22,16 @@ from embforge.modeling.decoder import backbone_hidden, eos_to_append, is_decoder
 from embforge.modeling.decoder_packing import packed_decoder_hidden, supports_decoder_packing
 from embforge.modeling.dense import ST_DENSE, Dense
 from embforge.modeling.dropout import mix, text_keys
+from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
-from embforge.modeling.padding import in_length_chunks, pad_ids, set_backbone_checkpointing, sort_by_length
+from embforge.modeling.padding import in_length_chunks, pad_ids, set_backbone_checkpointing
 from embforge.modeling.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
-from embforge.modeling.resolve import hf_quiet, load_backbone, resolve_model_path
-from embforge.modeling.tokenizing import PromptTokenizing
-from embforge.progress import progress_bar, progress_enabled
+from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from embforge.modeling.onnx_runtime import OnnxEncoder
 
 ST_TRANSFORMER = "sentence_transformers.models.Transformer"
@@ -37,7 +39,16 @@ ST_POOLING = "sentence_transformers.models.Pooling"
 ST_NORMALIZE = "sentence_transformers.models.Normalize"
 
 
-class Encoder(PromptTokenizing, nn.Module):
+class LoadOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Encoder.load` besides ``backend`` (each overrides the folder's setting)."""
+
+    device: str | torch.device | None
+    pooling: str | None
+    normalize: bool | None
+    max_seq_length: int | None
+
+
+class Encoder(BatchEncoding, nn.Module):
     """A bi-encoder: texts -> fixed-size vectors.
 
     Example:
@@ -172,93 +183,27 @@ class Encoder(PromptTokenizing, nn.Module):
         self.checkpointing = enabled
         set_backbone_checkpointing(self.backbone, enabled)
 
-    # ------------------------------------------------------------------ inference
-    @torch.inference_mode()
-    def encode(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        normalize: bool | None = None,
-        dim: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> np.ndarray:
-        """Embed texts for inference.
+    # ------------------------------------------------------------------ inference (encode: modeling/encoding.py)
+    def inference(self) -> AbstractContextManager[object]:
+        """Eval mode (restored afterwards) and no autograd, for :meth:`encode`."""
+        return _inference(self)
 
-        Args:
-            texts: One text or a list of texts.
-            batch_size: Texts per forward pass; texts are sorted by token length first so batches pad little.
-            normalize: L2-normalise the output; ``None`` keeps the model's own setting.
-            dim: Keep only the first ``dim`` dimensions (Matryoshka); re-normalised when normalising.
-            prompt: A literal prefix for every text (overrides ``prompt_name``).
-            prompt_name: The name of one of the model's prompts (e.g. ``"query"``).
-            show_progress: Progress bar; ``None``: the command's setting (``embforge`` verbs show it unless
-                ``--quiet``), else shown for long inputs on a terminal (:mod:`embforge.progress`).
-            on_batch: Called with the number of texts of each batch once it is embedded (a caller's own bar).
-
-        Returns:
-            ``(n, dim)`` float32 array (or ``(dim,)`` for a single string).
-        """
-        single = isinstance(texts, str)
-        batch: list[str] = [texts] if isinstance(texts, str) else list(texts)
-        if dim is not None and not 0 < dim <= self.dim:
-            raise ValueError(f"dim must be between 1 and the model's dimension {self.dim}, got {dim}")
-        was_training = self.training
-        self.eval()
-        ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
-        order = sort_by_length(ids)
-        n_batches = (len(ids) + batch_size - 1) // batch_size
-        enabled = progress_enabled(show_progress, steps=n_batches)
-        bar = progress_bar(total=len(ids), desc="encode", unit="text", enabled=enabled)
-        out = torch.empty((len(ids), self.dim), dtype=torch.float32)
-        for start in range(0, len(ids), batch_size):
-            rows = order[start : start + batch_size]
-            batch_ids, mask = pad_ids(
-                [ids[i] for i in rows], self.pad_token_id, device=self.device, side=self.padding_side
-            )
-            out[rows] = self._padded_forward(batch_ids, mask).float().cpu()
-            bar.update(len(rows))
-            if on_batch is not None:
-                on_batch(len(rows))
-        bar.close()
-        self.train(was_training)
-        do_norm = self.normalize if normalize is None else normalize
-        if dim is not None:
-            out = out[:, :dim]
-        if do_norm and (dim is not None or not self.normalize):
-            out = F.normalize(out, p=2, dim=-1)
-        if single:
-            out = out[0]
-        return out.numpy()
+    def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """One padded forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32."""
+        batch_ids, mask = pad_ids(ids, self.pad_token_id, device=self.device, side=self.padding_side)
+        return self._padded_forward(batch_ids, mask).float().cpu().numpy()
 
     # ------------------------------------------------------------------ persistence
     @overload
     @classmethod
     def load(
-        cls,
-        path: str | os.PathLike,
-        *,
-        device: str | torch.device | None = None,
-        pooling: str | None = None,
-        normalize: bool | None = None,
-        max_seq_length: int | None = None,
-        backend: Literal["torch"] = "torch",
+        cls, path: str | os.PathLike, *, backend: Literal["torch"] = "torch", **options: Unpack[LoadOptions]
     ) -> Encoder: ...
 
     @overload
     @classmethod
     def load(
-        cls,
-        path: str | os.PathLike,
-        *,
-        device: str | torch.device | None = None,
-        pooling: str | None = None,
-        normalize: bool | None = None,
-        max_seq_length: int | None = None,
-        backend: Literal["onnx"],
+        cls, path: str | os.PathLike, *, backend: Literal["onnx"], **options: Unpack[LoadOptions]
     ) -> OnnxEncoder: ...
 
     @classmethod
@@ -301,7 +246,7 @@ class Encoder(PromptTokenizing, nn.Module):
         if max_seq_length is not None:
             settings["max_seq_length"] = max_seq_length
         if settings.get("max_seq_length") is None:
-            settings["max_seq_length"] = min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
+            settings["max_seq_length"] = default_max_seq_length(tokenizer)
         model = cls(backbone, tokenizer, **settings)
         model.name_or_path = str(path)  # as loaded: alias, Hub id or folder
         if device is not None:
@@ -310,10 +255,7 @@ class Encoder(PromptTokenizing, nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write safetensors weights, tokenizer and sentence-transformers configs to ``path``."""
-        root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        with hf_quiet():  # no "Writing model shards" bar for a one-file model
-            save_backbone(self.backbone, root)  # with adapters: base weights + adapter/ (lora.py)
+        root = save_backbone(self.backbone, path)  # with adapters: base weights + adapter/ (lora.py)
         self.tokenizer.save_pretrained(root)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
@@ -347,6 +289,17 @@ class Encoder(PromptTokenizing, nn.Module):
                 "__version__": {"embforge": _version()},
             },
         )
+
+
+@contextmanager
+def _inference(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
 
 
 def _inside(root: Path, relative: str, source: Path) -> Path:

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from embforge._optional import require
+from embforge.modeling.resolve import hf_quiet
 
 ADAPTER_DIR = "adapter"
 ALL_LINEAR = "all-linear"
@@ -188,9 +190,18 @@ def base_state_dict(wrapped: Any) -> dict[str, Any]:
     return out
 
 
-def save_backbone(module: Any, root: Path) -> None:
-    """``save_pretrained`` of a Hugging Face module into ``root``; an adapted one writes its base weights there
-    and its adapter to ``root/adapter`` (a stale ``adapter/`` from an earlier save is removed)."""
+def save_backbone(module: Any, path: str | os.PathLike) -> Path:
+    """``save_pretrained`` of a Hugging Face module into the folder ``path`` (created; returned as a ``Path``),
+    without the "Writing model shards" bar; an adapted module writes its base weights there and its adapter to
+    ``path/adapter`` (a stale ``adapter/`` from an earlier save is removed)."""
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    with hf_quiet():
+        _save_pretrained(module, root)
+    return root
+
+
+def _save_pretrained(module: Any, root: Path) -> None:
     if not uses_adapters(module):
         shutil.rmtree(root / ADAPTER_DIR, ignore_errors=True)
         module.save_pretrained(root, safe_serialization=True)

@@ -1,7 +1,7 @@
 """Run exported ONNX graphs with onnxruntime behind the same API as the PyTorch models.
 
-:class:`OnnxEncoder` has :meth:`Encoder.encode`'s signature; :class:`OnnxCrossEncoder` has ``predict(pairs)``.
-Both read a folder written by :func:`embforge.export.export_onnx` (graph, tokenizer files and
+:class:`OnnxEncoder` has :meth:`Encoder.encode` (one implementation: :mod:`embforge.modeling.encoding`);
+:class:`OnnxCrossEncoder` has ``predict(pairs)``. Both read a folder written by :func:`embforge.export.export_onnx` (graph, tokenizer files and
 ``embforge_onnx.json``). Pooling, normalisation and any Matryoshka truncation run inside the graph.
 
 Example:
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embforge._optional import require
-from embforge.modeling.padding import sort_by_length
-from embforge.modeling.tokenizing import PromptTokenizing
-from embforge.progress import progress_bar, progress_enabled
+from embforge.modeling.encoding import BatchEncoding
 
 META_FILE = "embforge_onnx.json"
 
@@ -74,12 +72,7 @@ def _pad(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndar
     return batch, mask
 
 
-def _l2_normalize(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
-
-
-class OnnxEncoder(PromptTokenizing):
+class OnnxEncoder(BatchEncoding):
     """A bi-encoder running an exported graph: texts -> vectors, same ``encode()`` as :class:`Encoder`."""
 
     def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:
@@ -127,7 +120,7 @@ class OnnxEncoder(PromptTokenizing):
     def dim(self) -> int:
         return int(self.meta["dim"])
 
-    def run_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One graph call on a list of token-id lists (padded together): ``(n, dim)`` float32."""
         batch, mask = _pad(ids, self.pad_token_id)
         feeds = {"input_ids": batch, "attention_mask": mask}
@@ -136,50 +129,8 @@ class OnnxEncoder(PromptTokenizing):
         return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
 
     def embed_token_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 32) -> np.ndarray:
-        """Embed tokenised texts in input order, in length-sorted batches of ``batch_size``."""
-        order = sort_by_length(ids)
-        out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for start in range(0, len(ids), batch_size):
-            rows = order[start : start + batch_size]
-            out[rows] = self.run_ids([ids[i] for i in rows])
-        return out
-
-    def encode(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        normalize: bool | None = None,
-        dim: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> np.ndarray:
-        """Embed texts; the arguments mean what they mean in :meth:`Encoder.encode`."""
-        single = isinstance(texts, str)
-        batch: list[str] = [texts] if isinstance(texts, str) else list(texts)
-        if dim is not None and not 0 < dim <= self.dim:
-            raise ValueError(f"dim must be between 1 and the model's dimension {self.dim}, got {dim}")
-        ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
-        order = sort_by_length(ids)
-        n_batches = (len(ids) + batch_size - 1) // batch_size
-        enabled = progress_enabled(show_progress, steps=n_batches)
-        bar = progress_bar(total=len(ids), desc="encode", unit="text", enabled=enabled)
-        out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for start in range(0, len(ids), batch_size):
-            rows = order[start : start + batch_size]
-            out[rows] = self.run_ids([ids[i] for i in rows])
-            bar.update(len(rows))
-            if on_batch is not None:
-                on_batch(len(rows))
-        bar.close()
-        do_norm = self.normalize if normalize is None else normalize
-        if dim is not None:
-            out = out[:, :dim]
-        if do_norm and (dim is not None or not self.normalize):
-            out = _l2_normalize(out).astype(np.float32)
-        return out[0] if single else out
+        """Embed tokenised texts in input order, in length-sorted batches of ``batch_size`` (the server's call)."""
+        return self.embed_sorted(ids, batch_size=batch_size)
 
 
 class OnnxCrossEncoder:

@@ -144,6 +144,11 @@ def hf_quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def default_max_seq_length(tokenizer: Any) -> int:
+    """The length a model folder without a saved one gets: its tokenizer's ``model_max_length``, at most 512."""
+    return min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
+
+
 def load_backbone(folder: Path, **kwargs: object) -> tuple[nn.Module, object]:
     """Load an ``AutoModel`` (float32, eval mode off) and its fast tokenizer from a local folder."""
     from transformers import AutoModel, AutoTokenizer

@@ -1,0 +1,113 @@
+"""``encode()`` of every bi-encoder runtime (PyTorch :class:`~embforge.encoder.Encoder`, ONNX encoder).
+
+A runtime gives one padded forward pass over a batch of token-id lists (:meth:`BatchEncoding.embed_batch`); this
+module does the rest the same way for all: prompts, length-sorted batches, progress, Matryoshka truncation and
+normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+import numpy as np
+
+from embforge.modeling.padding import sort_by_length
+from embforge.modeling.tokenizing import PromptTokenizing
+from embforge.progress import progress_bar, progress_enabled
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (rows of norm below ``1e-12`` divided by ``1e-12``, like ``F.normalize``)."""
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.maximum(norms, 1e-12)).astype(x.dtype)
+
+
+class BatchEncoding(PromptTokenizing):
+    """Mixin: :meth:`encode` for a runtime with ``dim``, ``normalize`` and :meth:`embed_batch`
+    (plus :class:`PromptTokenizing`'s attributes)."""
+
+    normalize: bool
+
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+    def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """One forward pass over token-id lists padded together: ``(n, dim)`` float32 in the model's own
+        normalisation."""
+        raise NotImplementedError
+
+    def inference(self) -> AbstractContextManager[object]:
+        """The context :meth:`encode` runs its forward passes in (PyTorch: eval mode, no autograd)."""
+        return nullcontext()
+
+    def embed_sorted(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        batch_size: int = 32,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Embed tokenised texts in input order, in length-sorted batches of ``batch_size`` (``on_batch``: called
+        with each batch's size once it is embedded)."""
+        order = sort_by_length(ids)
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for start in range(0, len(ids), batch_size):
+            rows = order[start : start + batch_size]
+            out[rows] = self.embed_batch([ids[i] for i in rows])
+            if on_batch is not None:
+                on_batch(len(rows))
+        return out
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        dim: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Embed texts for inference.
+
+        Args:
+            texts: One text or a list of texts.
+            batch_size: Texts per forward pass; texts are sorted by token length first so batches pad little.
+            normalize: L2-normalise the output; ``None`` keeps the model's own setting.
+            dim: Keep only the first ``dim`` dimensions (Matryoshka); re-normalised when normalising.
+            prompt: A literal prefix for every text (overrides ``prompt_name``).
+            prompt_name: The name of one of the model's prompts (e.g. ``"query"``).
+            show_progress: Progress bar; ``None``: the command's setting (``embforge`` verbs show it unless
+                ``--quiet``), else shown for long inputs on a terminal (:mod:`embforge.progress`).
+            on_batch: Called with the number of texts of each batch once it is embedded (a caller's own bar).
+
+        Returns:
+            ``(n, dim)`` float32 array (or ``(dim,)`` for a single string).
+        """
+        single = isinstance(texts, str)
+        batch: list[str] = [texts] if isinstance(texts, str) else list(texts)
+        if dim is not None and not 0 < dim <= self.dim:
+            raise ValueError(f"dim must be between 1 and the model's dimension {self.dim}, got {dim}")
+        n_batches = (len(batch) + batch_size - 1) // batch_size
+        enabled = progress_enabled(show_progress, steps=n_batches)
+        bar = progress_bar(total=len(batch), desc="encode", unit="text", enabled=enabled)
+
+        def embedded(n: int) -> None:
+            bar.update(n)
+            if on_batch is not None:
+                on_batch(n)
+
+        with self.inference():
+            ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
+            out = self.embed_sorted(ids, batch_size=batch_size, on_batch=embedded)
+        bar.close()
+        do_norm = self.normalize if normalize is None else normalize
+        if dim is not None:
+            out = out[:, :dim]
+        if do_norm and (dim is not None or not self.normalize):
+            out = l2_normalize(out)
+        return out[0] if single else out
