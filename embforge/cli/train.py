@@ -23,7 +23,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
     ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
     ("--amp", "amp", str, "mixed precision: auto, no, fp16, bf16 (default auto)"),
-    ("--seed", "seed", int, "random seed (default 42)"),
+    ("--seed", "seed", int, "random seed (default 42; overrides every stage's seed of a pipeline file)"),
     ("--eval-every", "eval_every", int, "evaluate every N steps (default: at the end only)"),
     (
         "--save-every",
@@ -113,6 +113,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any] | None:
             device=args.device,
             quiet=args.quiet,
             resume=bool(args.resume),
+            seed=args.seed,
         )
         return result if is_main() else None  # torchrun: rank 0 prints
     for _, key, _, _ in _FLAGS:

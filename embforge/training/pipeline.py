@@ -20,12 +20,21 @@ A pipeline file::
       weight = 1.0
       options = { temperature = 0.05 }
       mine = { method = "bm25", num_negatives = 1 }   # optional: hard negatives mined when the stage starts
+      [[stages.tasks]]
+      name = "distill"
+      data = "stsb:train"
+      loss = "mse_distill"
+      teacher = "models/all-mpnet-base-v2"   # its embeddings of the task's texts are the targets (cached)
 
 Every stage is validated before any training starts (unknown keys or losses, data lacking the columns its loss
 needs, Matryoshka dimensions above the model's); errors name the stage, the task and the field. Stage *k*
 trains in ``<output>/stage-<k>-<name>`` with the trainer's own checkpoints, starts from stage *k-1*'s model, and
 writes ``stage_done.json`` when finished; a rerun skips finished stages and resumes the unfinished one from its
 last checkpoint. Mined data is saved in the stage folder so a resumed stage trains on the same rows.
+
+A task with ``teacher`` (``loss = "mse_distill"``) regresses the teacher's embeddings of its texts, computed when
+the stage starts and cached in the top-level ``teacher_cache`` folder (default ``<output>/teacher-cache``); a model
+of another dimension first gets a trained projection to the teacher's (:mod:`embforge.training.teachers`).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.modeling.resolve import DEFAULT_MODEL
+from embforge.training import teachers
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import barrier, init_from_env, is_main
@@ -60,8 +70,8 @@ class PipelineError(ValueError):
     """A problem in a pipeline file; the message names the file, stage, task and field."""
 
 
-_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit"}
-_TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages"}
+_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit", "teacher"}
+_TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages", "teacher_cache"}
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"output", "resume", "max_steps"}
 _STAGE_KEYS = {"name", "tasks", "steps", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
 
@@ -78,6 +88,7 @@ class TaskSpec:
     columns: str | dict[str, str] | None = None
     mine: dict[str, Any] | None = None
     limit: int | None = None
+    teacher: str | None = None
 
 
 @dataclass
@@ -101,6 +112,7 @@ class Pipeline:
     max_seq_length: int | None = None
     source: str = "pipeline"
     base_dir: Path = field(default_factory=Path.cwd)
+    teacher_cache: str | None = None  # None: <output>/teacher-cache
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -154,6 +166,7 @@ def parse_pipeline(
         max_seq_length=values.get("max_seq_length"),
         source=source,
         base_dir=base_dir or Path.cwd(),
+        teacher_cache=values.get("teacher_cache"),
     )
 
 
@@ -209,12 +222,27 @@ def build_stage_tasks(
             f"dimension {dim}; use values <= {dim}"
         )
     tasks = []
-    for spec in stage.tasks:
+    rows: dict[str, Dataset] = {}
+    sources: dict[str, Any] = {}
+    for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
         where = f"{where_stage}, task {spec.name!r}"
-        source = _load_source(spec, pipeline, where)
-        data = _as_training_rows(source)
+        problem = teachers.check_teacher_task(spec.loss, spec.teacher, where)
+        if problem:
+            raise PipelineError(problem)
+        sources[spec.name] = _load_source(spec, pipeline, where)
+        data = _as_training_rows(sources[spec.name])
         if spec.limit is not None:
             data = data.subset(list(range(min(spec.limit, len(data)))))
+        if spec.teacher is not None:
+            data = (
+                teachers.placeholder_targets(data)
+                if model is None
+                else _with_teacher(spec, data, stage, pipeline, model, where)
+            )
+        rows[spec.name] = data
+    for spec in stage.tasks:
+        where = f"{where_stage}, task {spec.name!r}"
+        source, data = sources[spec.name], rows[spec.name]
         try:
             loss = make_loss(
                 spec.loss,
@@ -237,6 +265,22 @@ def build_stage_tasks(
             ) from None
         tasks.append(task)
     return tasks
+
+
+def _with_teacher(
+    spec: TaskSpec, data: Dataset, stage: Stage, pipeline: Pipeline, model: Any, where: str
+) -> Dataset:
+    """The task's texts with the teacher's embeddings as labels (cached), projecting the model if needed."""
+    cache = pipeline.teacher_cache or str(Path(pipeline.output) / "teacher-cache")
+    quiet = bool(stage.config.get("quiet", False))
+    try:
+        teacher = teachers.resolve_teacher(str(spec.teacher), pipeline.base_dir)
+        seed = int(stage.config.get("seed", 42))
+        return teachers.teacher_targets(
+            data, teacher, model=model, cache_dir=cache, seed=seed, show_progress=not quiet
+        )
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"{where}: field 'teacher' = {spec.teacher!r}: {err}") from None
 
 
 def _mined(
@@ -285,6 +329,7 @@ def run_pipeline(
     quiet: bool | None = None,
     on_step: Callable[[int, int], None] | None = None,
     resume: bool = True,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Validate, then run the stages in order, skipping finished ones and resuming an unfinished one.
 
@@ -297,6 +342,7 @@ def run_pipeline(
         on_step: Called with ``(stage number, step)`` after every optimiser step.
         resume: Skip finished stages and resume the unfinished one from its last checkpoint; with ``False`` an
             output folder that already holds stages is an error (nothing is overwritten).
+        seed: Overrides every stage's seed (sampling, dropout, new heads and projections).
 
     Returns:
         ``{"output", "final", "stages": [per-stage training summaries]}``; the final model is saved in
@@ -306,6 +352,9 @@ def run_pipeline(
 
     if output is not None:
         pipeline = dataclasses.replace(pipeline, output=output)
+    if seed is not None:
+        stages = [dataclasses.replace(s, config={**s.config, "seed": seed}) for s in pipeline.stages]
+        pipeline = dataclasses.replace(pipeline, stages=stages)
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
     validate_pipeline(pipeline, dim=model.dim)  # before any training
@@ -329,7 +378,7 @@ def run_pipeline(
             loaded_from = folder
             continue
         if loaded_from is not None:  # resuming: start from the last finished stage's model
-            model.load_state_dict(Encoder.load(loaded_from).state_dict())
+            teachers.load_weights(model, loaded_from)
             loaded_from = None
         tasks = build_stage_tasks(stage, i, pipeline, dim=model.dim, model=model, workdir=folder)
         settings = {**stage.config, "output": str(folder), "resume": True}
@@ -344,7 +393,7 @@ def run_pipeline(
             write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
         summaries.append(summary)
     if loaded_from is not None:  # every stage was already done
-        model.load_state_dict(Encoder.load(loaded_from).state_dict())
+        teachers.load_weights(model, loaded_from)
     if is_main():
         atomic_dir(out / "final", model.save)
     barrier()

@@ -1,0 +1,88 @@
+"""Pipeline tasks that learn from a teacher: ``teacher = "FOLDER"`` with ``loss = "mse_distill"``.
+
+The teacher embeds the task's texts once (cached on disk by :func:`embforge.distill.with_teacher_embeddings`); those
+embeddings become the rows' labels. A student whose dimension differs from the teacher's gets a learned projection
+(:func:`embforge.distill.add_projection`) before the stage's losses are built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from embforge.data.tables import Dataset
+
+TEACHER_LOSSES = ("mse_distill",)
+
+
+def check_teacher_task(loss: str, teacher: str | None, where: str) -> str | None:
+    """An error message when a task's ``teacher`` and ``loss`` do not go together, else ``None``."""
+    if teacher is not None and loss not in TEACHER_LOSSES:
+        return (
+            f"{where}: field 'teacher' gives embedding targets, which only loss 'mse_distill' reads "
+            f"(got loss {loss!r}); use embforge score for margin_mse / kl_distill"
+        )
+    if teacher is None and loss in TEACHER_LOSSES:
+        return f"{where}: loss 'mse_distill' needs the teacher's embeddings: add teacher = \"FOLDER\""
+    return None
+
+
+def text_only(data: Dataset) -> Dataset:
+    """``data`` without its ``score`` / ``label`` column (a distillation task's labels are the teacher's)."""
+    return Dataset(
+        data.path, {c: data.columns[c] for c in data.text_columns}, list(data.lines), data.label_names
+    )
+
+
+def placeholder_targets(data: Dataset) -> Dataset:
+    """Text columns plus a zero ``score`` column: what validation checks before the teacher has run."""
+    rows = text_only(data)
+    rows.columns["score"] = [0.0] * len(rows)
+    return rows
+
+
+def resolve_teacher(name: str, base_dir: Path) -> str:
+    """The teacher folder: relative to the pipeline file when it exists there, else as written (cwd or alias)."""
+    candidate = Path(name) if Path(name).is_absolute() else base_dir / name
+    return str(candidate) if candidate.exists() else name
+
+
+def teacher_targets(
+    data: Dataset,
+    teacher: Any,
+    *,
+    model: Any,
+    cache_dir: str | Path,
+    seed: int = 42,
+    show_progress: bool = True,
+) -> Dataset:
+    """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed.
+
+    ``teacher`` is an encoder or a folder / alias (loaded on the model's device and freed afterwards).
+
+    Raises:
+        ValueError: When the model already projects to a dimension other than the teacher's.
+    """
+    from embforge.distill import add_projection, with_teacher_embeddings
+    from embforge.encoder import Encoder
+
+    if isinstance(teacher, (str, Path)):
+        teacher = Encoder.load(teacher, device=str(model.device))
+    if int(model.dim) != int(teacher.dim):
+        if getattr(model, "dense", None) is not None:
+            raise ValueError(
+                f"the model already projects to {model.dim} dimensions but the teacher has {teacher.dim}"
+            )
+        add_projection(model, int(teacher.dim), seed=seed)
+    return with_teacher_embeddings(text_only(data), teacher, cache_dir=cache_dir, show_progress=show_progress)
+
+
+def load_weights(model: Any, folder: str | Path) -> None:
+    """Load a finished stage's weights into ``model`` in place (adding its projection first if it has one)."""
+    from embforge.distill import add_projection
+    from embforge.encoder import Encoder
+
+    trained = Encoder.load(folder)
+    if getattr(trained, "dense", None) is not None and getattr(model, "dense", None) is None:
+        add_projection(model, int(trained.dim))
+    model.load_state_dict(trained.state_dict())

@@ -1,0 +1,164 @@
+"""Pipelines: a distillation task (``teacher`` + ``mse_distill``) and the ``--seed`` override of every stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embforge.cli import main
+from embforge.distill import add_projection
+from embforge.encoder import Encoder
+from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline
+from tests.conftest import make_bert, make_tokenizer
+
+PAIRS = [
+    ("a man plays the guitar", "a man is playing guitar", 4.8),
+    ("a woman eats food", "a woman is eating", 4.2),
+    ("a cat runs in the park", "a dog runs in the park", 2.5),
+    ("the stock market rises", "oil price falls", 0.4),
+    ("a child reads a book", "a child is reading", 4.0),
+    ("a plane is taking off", "a red car drives on the road", 0.2),
+    ("the sun in the sky", "rain on the river", 0.8),
+    ("a woman sings a song", "a woman plays the piano", 2.2),
+]
+
+
+def _teacher_dir(tmp_path: Path) -> Path:
+    """A tiny 24-d "teacher" (another random BERT + a projection), so that its dimension differs from 32."""
+    tokenizer = make_tokenizer()
+    teacher = Encoder(make_bert(len(tokenizer), seed=5), tokenizer, pooling="mean", max_seq_length=64)
+    add_projection(teacher, 24, seed=9)
+    path = tmp_path / "teacher"
+    teacher.save(path)
+    return path
+
+
+def _write(tmp_path: Path, model_dir: Path, *, teacher: str | None, loss: str = "mse_distill") -> Path:
+    (tmp_path / "pairs.csv").write_text("".join(f"{a},{b},{s}\n" for a, b, s in PAIRS * 3))
+    teacher_line = f"teacher = {json.dumps(teacher)}" if teacher else ""
+    path = tmp_path / "distill.toml"
+    path.write_text(
+        f"""
+model = {json.dumps(str(model_dir))}
+output = "out"
+teacher_cache = {json.dumps(str(tmp_path / "cache"))}
+[defaults]
+batch_size = 4
+save_every = 0
+device = "cpu"
+amp = "no"
+quiet = true
+seed = 3
+
+[[stages]]
+name = "distill"
+lr = 5e-3
+steps = 5
+  [[stages.tasks]]
+  name = "sts-distill"
+  data = "pairs.csv"
+  columns = "0=sentence1,1=sentence2,2=score"
+  loss = "{loss}"
+  {teacher_line}
+
+[[stages]]
+name = "sts"
+lr = 1e-4
+steps = 3
+  [[stages.tasks]]
+  name = "sts"
+  data = "pairs.csv"
+  columns = "0=sentence1,1=sentence2,2=score"
+  loss = "cosent"
+"""
+    )
+    return path
+
+
+def _mse(student: Encoder, teacher: Encoder, texts: list[str]) -> float:
+    return float(np.mean((student.encode(texts) - teacher.encode(texts)) ** 2))
+
+
+def test_a_teacher_task_projects_the_student_and_moves_it_toward_the_teacher(tmp_path, tiny_model_dir):
+    teacher_dir = _teacher_dir(tmp_path)
+    path = _write(tmp_path, tiny_model_dir, teacher=str(teacher_dir))
+    result = run_pipeline(load_pipeline(path), output=str(tmp_path / "run"))
+    final = Encoder.load(result["final"])
+    assert final.dim == 24 and (Path(result["final"]) / "2_Dense").is_dir()
+    assert [s["steps"] for s in result["stages"]] == [5, 3]
+    # the targets were cached: one entry, holding the 16 distinct texts' teacher embeddings
+    entries = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert len(entries) == 1
+    teacher = Encoder.load(teacher_dir)
+    texts = sorted({t for a, b, _ in PAIRS for t in (a, b)})
+    cached = np.load(entries[0] / "embeddings.npy")
+    assert cached.shape == (16, 24)
+    np.testing.assert_allclose(cached, teacher.encode(texts), atol=1e-5)
+    # the distilled student (stage 1) is closer to the teacher than the same student, same projection, untrained
+    start = Encoder.load(tiny_model_dir)
+    add_projection(start, 24, seed=3)  # the projection seed is the stage seed
+    distilled = Encoder.load(tmp_path / "run" / "stage-1-distill")
+    assert _mse(distilled, teacher, texts) < 0.5 * _mse(start, teacher, texts)
+
+
+def test_a_run_killed_after_the_distillation_stage_resumes_with_the_projection(tmp_path, tiny_model_dir):
+    path = _write(tmp_path, tiny_model_dir, teacher=str(_teacher_dir(tmp_path)))
+    reference = run_pipeline(load_pipeline(path), output=str(tmp_path / "reference"))
+
+    class Killed(Exception):
+        pass
+
+    def kill(stage: int, step: int) -> None:
+        if stage == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_pipeline(load_pipeline(path), output=str(tmp_path / "killed"), on_step=kill)
+    # a fresh process: the 32-d model from the file gets stage 1's projection before stage 2 resumes
+    result = run_pipeline(load_pipeline(path), output=str(tmp_path / "killed"))
+    a, b = Encoder.load(reference["final"]).state_dict(), Encoder.load(result["final"]).state_dict()
+    assert set(a) == set(b)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("loss", "with_teacher", "expected"),
+    [
+        ("cosent", True, r"task 'sts-distill': field 'teacher' gives embedding targets, which only loss"),
+        ("mse_distill", False, r"task 'sts-distill': loss 'mse_distill' needs the teacher's embeddings"),
+    ],
+)
+def test_teacher_and_loss_must_go_together(tmp_path, tiny_model_dir, loss, with_teacher, expected):
+    teacher = str(_teacher_dir(tmp_path)) if with_teacher else None
+    path = _write(tmp_path, tiny_model_dir, teacher=teacher, loss=loss)
+    with pytest.raises(PipelineError, match=expected):
+        run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_teacher_is_named(tmp_path, tiny_model_dir):
+    path = _write(tmp_path, tiny_model_dir, teacher=str(tmp_path / "no-such-teacher"))
+    with pytest.raises(PipelineError, match=r"stage 1 \('distill'\), task 'sts-distill': field 'teacher'"):
+        run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
+
+
+def test_seed_overrides_every_stage_from_python_and_the_cli(tmp_path, tiny_model_dir, capsys):
+    path = _write(tmp_path, tiny_model_dir, teacher=str(_teacher_dir(tmp_path)))
+    file_seed = run_pipeline(load_pipeline(path), output=str(tmp_path / "s3"))
+    other = run_pipeline(load_pipeline(path), output=str(tmp_path / "s7"), seed=7)
+    assert main(["train", str(path), "--output", str(tmp_path / "cli7"), "--seed", "7"]) == 0
+    capsys.readouterr()
+
+    def weights(result: dict | str) -> dict[str, torch.Tensor]:
+        folder = result["final"] if isinstance(result, dict) else result
+        return Encoder.load(folder).state_dict()
+
+    a, c, d = weights(file_seed), weights(other), weights(str(tmp_path / "cli7" / "final"))
+    for name in a:
+        torch.testing.assert_close(c[name], d[name])
+    assert any(not torch.allclose(a[name], c[name]) for name in a)  # another seed trains another model
