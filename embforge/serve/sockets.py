@@ -62,6 +62,15 @@ class _Guard:
             self.transport.write(_response(408, "Request Timeout", message))
         self.transport.close()  # in the body phase the app is reading: it gets a disconnect
 
+    # uvicorn's protocol comes next in the subclasses' MRO: these wrap its callbacks
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._admit(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _admit(self, transport: asyncio.Transport) -> bool:
         """Whether a new connection may stay; the one over the cap gets a 503 and is closed."""
         if len(self.connections) > self.max_connections:
@@ -75,14 +84,6 @@ class _Guard:
 
 def _httptools_guard(base: type) -> type:
     class GuardedHttpToolsProtocol(_Guard, base):  # type: ignore[misc, valid-type]
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._admit(transport)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
         def on_message_begin(self) -> None:
             super().on_message_begin()
             if self._guard_timer is None:  # a new request on a kept-alive connection
@@ -103,14 +104,6 @@ def _h11_guard(base: type) -> type:
     import h11
 
     class GuardedH11Protocol(_Guard, base):  # type: ignore[misc, valid-type]
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._admit(transport)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
         def handle_events(self) -> None:
             super().handle_events()
             state = self.conn.their_state
