@@ -26,7 +26,19 @@ def _check(embeddings: list[Tensor], labels: Tensor | None, name: str) -> tuple[
     return F.normalize(embeddings[0].float(), dim=-1), labels.long().reshape(-1)
 
 
-class PrototypeLoss(EmbeddingLoss):
+class LabelledTextLoss(EmbeddingLoss):
+    """Base of the losses here: one text column and its labels, cosine logits over a ``temperature``."""
+
+    min_texts = 1
+    max_texts = 1
+    needs_labels = True
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+
+
+class PrototypeLoss(LabelledTextLoss):
     r"""Classification against learnable class prototypes: cosine logits over a temperature, cross-entropy.
 
     .. math:: \mathcal{L} = \mathrm{CE}\big(\cos(e_i, p_k) / \tau,\ y_i\big)
@@ -46,15 +58,11 @@ class PrototypeLoss(EmbeddingLoss):
     """
 
     name = "prototype"
-    min_texts = 1
-    max_texts = 1
-    needs_labels = True
 
     def __init__(self, dim: int, num_labels: int, temperature: float = 0.05) -> None:
-        super().__init__()
         if num_labels < 2:
             raise ValueError(f"the prototype loss needs at least 2 labels, got {num_labels}")
-        self.temperature = check_temperature(temperature)
+        super().__init__(temperature)
         self.num_labels = num_labels
         self.prototypes = nn.Parameter(torch.randn(num_labels, dim) / math.sqrt(dim))
 
@@ -71,7 +79,7 @@ class PrototypeLoss(EmbeddingLoss):
         return F.cross_entropy(logits, y)
 
 
-class ClusterLoss(EmbeddingLoss):
+class ClusterLoss(LabelledTextLoss):
     r"""Clustering by distance to the batch's cluster centres.
 
     The centre of class *k* is the mean of the batch's normalised embeddings of that class; for a text's own
@@ -88,13 +96,6 @@ class ClusterLoss(EmbeddingLoss):
     """
 
     name = "cluster"
-    min_texts = 1
-    max_texts = 1
-    needs_labels = True
-
-    def __init__(self, temperature: float = 0.05) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         e, y = _check(embeddings, labels, self.name)
@@ -112,7 +113,7 @@ class ClusterLoss(EmbeddingLoss):
         return F.cross_entropy(logits[anchors], y[anchors])
 
 
-class SupConLoss(EmbeddingLoss):
+class SupConLoss(LabelledTextLoss):
     r"""Supervised contrastive loss (Khosla et al., 2020) over the batch.
 
     .. math::
@@ -123,13 +124,6 @@ class SupConLoss(EmbeddingLoss):
     """
 
     name = "supcon"
-    min_texts = 1
-    max_texts = 1
-    needs_labels = True
-
-    def __init__(self, temperature: float = 0.05) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         e, y = _check(embeddings, labels, self.name)

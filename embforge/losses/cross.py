@@ -36,9 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embforge.losses.base import check_temperature
 from embforge.losses.cosent import cosent
-from embforge.losses.distill import kl_distill, margin_mse
+from embforge.losses.distill import kl_distill, kl_temperatures, margin_mse
 
 
 class CrossLoss(nn.Module):
@@ -235,11 +234,8 @@ class CrossKLDistillLoss(CrossLoss):
         teacher_temperature: float | None = None,
     ) -> None:
         super().__init__()
-        self.student_temperature = check_temperature(
-            temperature if student_temperature is None else student_temperature
-        )
-        self.teacher_temperature = check_temperature(
-            temperature if teacher_temperature is None else teacher_temperature
+        self.student_temperature, self.teacher_temperature = kl_temperatures(
+            temperature, student_temperature, teacher_temperature
         )
 
     def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:

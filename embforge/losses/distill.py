@@ -190,6 +190,18 @@ class MarginMSEDistillLoss(EmbeddingLoss):
         return margin_mse(pos, neg, labels)
 
 
+def kl_temperatures(
+    temperature: float, student_temperature: float | None, teacher_temperature: float | None
+) -> tuple[float, float]:
+    """``(τ_s, τ_t)`` of a KL distillation loss: each side's own temperature, else the shared ``temperature``;
+    both must be positive and finite."""
+    student = check_temperature(temperature if student_temperature is None else student_temperature)
+    teacher = check_temperature(temperature if teacher_temperature is None else teacher_temperature)
+    if not (math.isfinite(student) and math.isfinite(teacher)):
+        raise ValueError("temperatures must be finite")
+    return student, teacher
+
+
 class KLDistillLoss(EmbeddingLoss):
     r"""Listwise KL between the teacher's and the student's score distributions over a query's candidates.
 
@@ -220,14 +232,9 @@ class KLDistillLoss(EmbeddingLoss):
         similarity: str = "dot",
     ) -> None:
         super().__init__()
-        self.student_temperature = check_temperature(
-            temperature if student_temperature is None else student_temperature
+        self.student_temperature, self.teacher_temperature = kl_temperatures(
+            temperature, student_temperature, teacher_temperature
         )
-        self.teacher_temperature = check_temperature(
-            temperature if teacher_temperature is None else teacher_temperature
-        )
-        if not (math.isfinite(self.student_temperature) and math.isfinite(self.teacher_temperature)):
-            raise ValueError("temperatures must be finite")
         self.similarity = _check_similarity(similarity)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
