@@ -20,11 +20,6 @@ A pipeline file::
       weight = 1.0
       options = { temperature = 0.05 }
       mine = { method = "bm25", num_negatives = 1 }   # optional: hard negatives mined when the stage starts
-      [[stages.tasks]]
-      name = "distill"
-      data = "stsb:train"
-      loss = "mse_distill"
-      teacher = "models/all-mpnet-base-v2"   # its embeddings of the task's texts are the targets (cached)
 
 Every stage is validated before any training starts (unknown keys or losses, data lacking the columns its loss
 needs, Matryoshka dimensions above the model's); errors name the stage, the task and the field. Stage *k*
@@ -32,10 +27,10 @@ trains in ``<output>/stage-<k>-<name>`` with the trainer's own checkpoints, star
 writes ``stage_done.json`` when finished; a rerun skips finished stages and resumes the unfinished one from its
 last checkpoint. Mined data is saved in the stage folder so a resumed stage trains on the same rows.
 
-A task with ``teacher`` (``loss = "mse_distill"``) regresses the teacher's embeddings of its texts, computed when
-the stage starts and cached in the top-level ``teacher_cache`` folder (default ``<output>/teacher-cache``); a model
-of another dimension first gets a trained projection to the teacher's (:mod:`embforge.training.teachers`).
-"""
+A task with ``teacher = "FOLDER"`` and ``loss = "mse_distill"`` regresses the teacher's embeddings of its texts,
+computed when the stage starts and cached in the top-level ``teacher_cache`` folder (default
+``<output>/teacher-cache``); a model of another dimension first gets a trained projection to the teacher's one
+(:mod:`embforge.training.teachers`)."""
 
 from __future__ import annotations
 
@@ -224,6 +219,7 @@ def build_stage_tasks(
     tasks = []
     rows: dict[str, Dataset] = {}
     sources: dict[str, Any] = {}
+    loaded: dict[str, Any] = {}  # teachers, loaded once per stage
     for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
         where = f"{where_stage}, task {spec.name!r}"
         problem = teachers.check_teacher_task(spec.loss, spec.teacher, where)
@@ -237,7 +233,7 @@ def build_stage_tasks(
             data = (
                 teachers.placeholder_targets(data)
                 if model is None
-                else _with_teacher(spec, data, stage, pipeline, model, where)
+                else _with_teacher(spec, data, stage, pipeline, model, where, loaded)
             )
         rows[spec.name] = data
     for spec in stage.tasks:
@@ -268,16 +264,20 @@ def build_stage_tasks(
 
 
 def _with_teacher(
-    spec: TaskSpec, data: Dataset, stage: Stage, pipeline: Pipeline, model: Any, where: str
+    spec: TaskSpec, data: Dataset, stage: Stage, pipeline: Pipeline, model: Any, where: str, loaded: dict
 ) -> Dataset:
     """The task's texts with the teacher's embeddings as labels (cached), projecting the model if needed."""
     cache = pipeline.teacher_cache or str(Path(pipeline.output) / "teacher-cache")
-    quiet = bool(stage.config.get("quiet", False))
     try:
         teacher = teachers.resolve_teacher(str(spec.teacher), pipeline.base_dir)
-        seed = int(stage.config.get("seed", 42))
         return teachers.teacher_targets(
-            data, teacher, model=model, cache_dir=cache, seed=seed, show_progress=not quiet
+            data,
+            teacher,
+            model=model,
+            cache_dir=cache,
+            seed=int(stage.config.get("seed", 42)),
+            show_progress=not stage.config.get("quiet", False),
+            loaded=loaded,
         )
     except (OSError, ValueError) as err:
         raise PipelineError(f"{where}: field 'teacher' = {spec.teacher!r}: {err}") from None

@@ -55,10 +55,12 @@ def teacher_targets(
     cache_dir: str | Path,
     seed: int = 42,
     show_progress: bool = True,
+    loaded: dict[str, Any] | None = None,
 ) -> Dataset:
     """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed.
 
-    ``teacher`` is an encoder or a folder / alias (loaded on the model's device and freed afterwards).
+    ``teacher`` is an encoder or a folder / alias, loaded on the model's device (once per ``loaded`` dict: the
+    tasks of a stage that share a teacher load it once).
 
     Raises:
         ValueError: When the model already projects to a dimension other than the teacher's.
@@ -67,7 +69,10 @@ def teacher_targets(
     from embforge.encoder import Encoder
 
     if isinstance(teacher, (str, Path)):
-        teacher = Encoder.load(teacher, device=str(model.device))
+        loaded = {} if loaded is None else loaded
+        if str(teacher) not in loaded:
+            loaded[str(teacher)] = Encoder.load(teacher, device=str(model.device))
+        teacher = loaded[str(teacher)]
     if int(model.dim) != int(teacher.dim):
         if getattr(model, "dense", None) is not None:
             raise ValueError(
