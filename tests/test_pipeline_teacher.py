@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from embforge.cli import main
+from embforge.data.builtin import DATASETS
 from embforge.distill import add_projection
 from embforge.encoder import Encoder
-from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline
-from tests.conftest import make_bert, make_tokenizer
+from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
+from tests.conftest import make_bert, make_tokenizer, requires_data
 
 PAIRS = [
     ("a man plays the guitar", "a man is playing guitar", 4.8),
@@ -162,3 +163,14 @@ def test_seed_overrides_every_stage_from_python_and_the_cli(tmp_path, tiny_model
     for name in a:
         torch.testing.assert_close(c[name], d[name])
     assert any(not torch.allclose(a[name], c[name]) for name in a)  # another seed trains another model
+
+
+@requires_data
+@pytest.mark.parametrize("config", ["embforge/configs/general.toml", "benchmarks/general_distill.toml"])
+def test_the_shipped_general_and_distillation_pipelines_validate(config):
+    root = Path(__file__).resolve().parents[1]
+    pipeline = load_pipeline(root / config)
+    validate_pipeline(pipeline, dim=384)  # data columns vs losses, loss options, teacher/loss pairs
+    tasks = [t for stage in pipeline.stages for t in stage.tasks]
+    assert all(t.data.partition(":")[0] in DATASETS for t in tasks)  # built-in data sets only
+    assert not any(t.data.endswith((":test", ":dev")) for t in tasks)  # never a test or dev split

@@ -1,0 +1,293 @@
+"""Session 6 (issue #17): the general-recipe table — every row scored on four task families, seeds, mean ± std.
+
+Rows: ``base`` (all-MiniLM-L6-v2), ``teacher`` (all-mpnet-base-v2, ``make teacher``), ``specialist`` (the default
+recipe on STS-B train), ``merge`` (the specialist merged back into the base, weight chosen by ``embforge merge
+--choose-on``), ``distill`` (``benchmarks/general_distill.toml``), ``general`` (``embforge/configs/general.toml``).
+Trained rows are trained once per seed, by the CLI, into ``OUT/<row>-s<seed>``.
+
+Columns (``--split test``), embforge's own evaluators:
+
+- STS-B test Spearman (:func:`embforge.evaluate.sts.evaluate_sts`, cosine);
+- SciFact dev NDCG@10 on the **full corpus** (5,183 abstracts; the 121 dev claims of ``load_scifact("dev")``),
+  the corpus embeddings cached per model in ``OUT/corpus-cache/<row>-s<seed>`` (resumable);
+- MRPC test accuracy (threshold searched on MRPC dev, carved from train) and AP
+  (:func:`embforge.evaluate.pairs.evaluate_pairs`);
+- Banking77 test accuracy, logistic regression fitted on all 10,003 train texts
+  (:func:`embforge.evaluate.classification.evaluate_classification`);
+- average = mean of the four families' headline numbers (MRPC counted by its AP: threshold-free).
+
+``--split dev`` scores the dev splits instead (STS-B dev, SciFact dev, MRPC dev with its own threshold, Banking77
+dev with the classifier fitted on train minus dev): what the recipe is tuned on. One JSON per (split, row, seed) in
+``OUT/results/<split>/``, updated after each family, so an interrupted run resumes where it stopped.
+
+Run (2-core CPU, one heavy process at a time)::
+
+    HF_HUB_OFFLINE=1 nohup .venv/bin/python benchmarks/general_table.py run --rows base,general,teacher \\
+        --seeds 42 --out runs/general-table > /tmp/general/run.log 2>&1 &
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/general_table.py table --out runs/general-table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROWS = ("base", "teacher", "specialist", "merge", "distill", "general")
+TRAINED = ("specialist", "merge", "distill", "general")
+LABELS = {
+    "base": "all-MiniLM-L6-v2 (base)",
+    "teacher": "all-mpnet-base-v2 (teacher, 5x larger)",
+    "specialist": "STS specialist (default recipe, STS-B train)",
+    "merge": "+ merge with the base (`--choose-on`)",
+    "distill": "+ distillation (mse_distill to the teacher)",
+    "general": "**general recipe** (`embforge/configs/general.toml`)",
+}
+COLUMNS = (
+    ("sts", "STS-B Spearman"),
+    ("scifact", "SciFact NDCG@10"),
+    ("mrpc_acc", "MRPC acc."),
+    ("mrpc_ap", "MRPC AP"),
+    ("banking", "Banking77 acc."),
+)
+AVERAGED = ("sts", "scifact", "mrpc_ap", "banking")
+STSB = "../shared/data/stsb_en"
+TEACHER = "models/all-mpnet-base-v2"
+
+
+def model_path(row: str, seed: int | None, out: Path) -> str:
+    """The model folder (or alias) a row is evaluated from."""
+    if row == "base":
+        return "all-MiniLM-L6-v2"
+    if row == "teacher":
+        return TEACHER
+    if row == "specialist" and seed == 42 and Path("runs/stsb-specialist/model.safetensors").exists():
+        return "runs/stsb-specialist"  # the main job's specialist (default recipe, seed 42)
+    folder = out / f"{row}-s{seed}"
+    return str(folder / "final") if row in ("distill", "general") else str(folder)
+
+
+def _cli(args: list[str], log: Path) -> float:
+    """Run ``embforge ARGS`` (same interpreter), append its output to ``log``; returns the wall seconds."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with log.open("a") as handle:
+        handle.write(f"$ embforge {' '.join(args)}\n")
+        handle.flush()
+        code = subprocess.call(
+            [sys.executable, "-m", "embforge", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    if code != 0:
+        raise SystemExit(f"embforge {' '.join(args)} failed ({code}); see {log}")
+    return time.perf_counter() - started
+
+
+def mix_folder(folder: Path, *, others: int) -> Path:
+    """A BEIR folder of SciFact dev: its 121 claims, the judged abstracts + the first ``others`` other ones.
+
+    ``embforge merge --choose-on`` scores every weight of its grid; on the full corpus that is 4-5 minutes of
+    CPU per weight for MiniLM, so the weight is chosen on this reduced corpus (the table itself uses the full one).
+    """
+    if (folder / "qrels" / "dev.tsv").exists():
+        return folder
+    from embforge.data.builtin.scifact import load_scifact
+
+    data = load_scifact("dev")
+    judged = {d for rel in data.qrels.values() for d in rel}
+    keep = [i for i, d in enumerate(data.doc_ids) if d in judged]
+    keep += [i for i, d in enumerate(data.doc_ids) if d not in judged][:others]
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    with (folder / "corpus.jsonl").open("w") as handle:
+        for i in sorted(keep):
+            doc = {"_id": data.doc_ids[i], "title": data.doc_titles[i], "text": data.doc_texts[i]}
+            handle.write(json.dumps(doc) + "\n")
+    with (folder / "queries.jsonl").open("w") as handle:
+        for qid, text in zip(data.query_ids, data.query_texts):
+            handle.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    lines = [f"{q}\t{d}\t{g}" for q, rel in data.qrels.items() for d, g in rel.items()]
+    (folder / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(lines) + "\n")
+    return folder
+
+
+def train_row(row: str, seed: int, out: Path, *, mix: str, grid: str) -> None:
+    """Train (or merge) one row for one seed unless its model exists; records the wall time."""
+    target = Path(model_path(row, seed, out))
+    if (target / "modules.json").exists():
+        return
+    if row == "merge":
+        train_row("specialist", seed, out, mix=mix, grid=grid)
+    folder = out / f"{row}-s{seed}"
+    log = out / "logs" / f"{row}-s{seed}.log"
+    if row == "specialist":
+        args = ["train", "--train", f"{STSB}/stsb-en-train.csv", "--eval", f"{STSB}/stsb-en-dev.csv"]
+        args += ["--output", str(folder), "--seed", str(seed), "--quiet"]
+    elif row == "merge":
+        spec = model_path("specialist", seed, out)
+        args = ["merge", "--models", "all-MiniLM-L6-v2", spec, "--choose-on", mix, "--grid", grid]
+        args += ["--output", str(folder), "--quiet"]
+    else:
+        config = "benchmarks/general_distill.toml" if row == "distill" else "embforge/configs/general.toml"
+        args = ["train", config, "--output", str(folder), "--seed", str(seed), "--resume", "--quiet"]
+    seconds = _cli(args, log)
+    record = {"row": row, "seed": seed, "command": "embforge " + " ".join(args), "seconds": seconds}
+    (out / "train").mkdir(parents=True, exist_ok=True)
+    (out / "train" / f"{row}-s{seed}.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+def _families(split: str) -> dict[str, Any]:
+    """``name -> model -> {column: value}`` for the four families on ``split`` (data loaded lazily)."""
+    from embforge.data.builtin import load_builtin
+    from embforge.evaluate.classification import evaluate_classification
+    from embforge.evaluate.pairs import evaluate_pairs
+    from embforge.evaluate.sts import evaluate_sts
+
+    def sts(model: Any) -> dict[str, float]:
+        return {"sts": evaluate_sts(model, load_builtin("stsb", split))["spearman"]}
+
+    def mrpc(model: Any) -> dict[str, float]:
+        dev = load_builtin("mrpc", "dev")
+        m = evaluate_pairs(model, load_builtin("mrpc", split), dev=dev if split == "test" else None)
+        return {"mrpc_acc": m["accuracy"], "mrpc_ap": m["ap"]}
+
+    def banking(model: Any) -> dict[str, float]:
+        fit = load_builtin("banking77", "train_all" if split == "test" else "train")
+        m = evaluate_classification(model, fit, load_builtin("banking77", split))
+        return {"banking": m["accuracy"]}
+
+    return {"sts": sts, "mrpc": mrpc, "banking": banking}
+
+
+def evaluate_row(
+    row: str, seed: int | None, out: Path, *, split: str = "test", model: str | None = None
+) -> dict[str, Any]:
+    """Score one (row, seed) on the four families, resuming from its JSON; returns the record."""
+    from embforge.data.builtin.scifact import load_scifact
+    from embforge.encoder import Encoder
+    from embforge.evaluate.retrieval import evaluate_retrieval
+
+    name = f"{row}-s{seed}" if seed is not None else row
+    path = out / "results" / split / f"{name}.json"
+    record: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    record.update(row=row, seed=seed, split=split, model=model or model_path(row, seed, out))
+    record.setdefault("seconds", {})
+    todo = [f for f in ("sts", "scifact", "mrpc", "banking") if f not in record["seconds"]]
+    if not todo:
+        return record
+    encoder = Encoder.load(record["model"])
+    record["dim"] = encoder.dim
+    families = _families(split)
+    for family in todo:
+        started = time.perf_counter()
+        if family == "scifact":  # the full 5,183-document corpus, cached per model
+            cache = out / "corpus-cache" / name
+            m = evaluate_retrieval(
+                encoder, load_scifact("dev"), metrics=["ndcg@10"], corpus_cache=cache, show_progress=True
+            )
+            scores = {"scifact": m["ndcg@10"], "scifact_docs": m["documents"]}
+        else:
+            scores = families[family](encoder)
+        record.update(scores)
+        record["seconds"][family] = time.perf_counter() - started
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps({"row": name, "split": split, family: scores}), flush=True)
+    return record
+
+
+def _cell(values: list[float], best: bool) -> str:
+    if not values:
+        return "–"
+    text = f"{values[0]:.2f}"
+    if len(values) > 1:
+        text = f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    return f"**{text}**" if best else text
+
+
+def table(out: Path, *, split: str = "test") -> str:
+    """The Markdown table of every finished (row, seed) under ``OUT/results/<split>``."""
+    done: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted((out / "results" / split).glob("*.json")):
+        record = json.loads(path.read_text())
+        if all(k in record for k, _ in COLUMNS):
+            record["average"] = statistics.mean(record[k] for k in AVERAGED)
+            done.setdefault(record["row"], []).append(record)
+    keys = [*COLUMNS, ("average", "average")]
+    means = {
+        row: {k: statistics.mean(r[k] for r in records) for k, _ in keys} for row, records in done.items()
+    }
+    best = {k: max((m[k] for m in means.values()), default=None) for k, _ in keys}
+    lines = [
+        "| model | seeds | " + " | ".join(label for _, label in keys) + " |",
+        "|---|---|" + "---:|" * len(keys),
+    ]
+    for row in [*ROWS, *sorted(set(done) - set(ROWS))]:  # then variants scored with `eval --row NAME`
+        records = done.get(row, [])
+        seeds = ", ".join(str(r["seed"]) for r in records) if row not in ("base", "teacher") else "–"
+        cells = [_cell([r[k] for r in records], bool(records) and means[row][k] == best[k]) for k, _ in keys]
+        lines.append(f"| {LABELS.get(row, row)} | {seeds or 'not run'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    steps = parser.add_subparsers(dest="step", required=True)
+    run = steps.add_parser("run", help="train what is missing, then evaluate, row by row and seed by seed")
+    run.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
+    run.add_argument("--seeds", default="42,43,44", help="seeds of the trained rows")
+    run.add_argument("--split", choices=("test", "dev"), default="test")
+    run.add_argument("--no-eval", action="store_true", help="only train")
+    run.add_argument(
+        "--mix",
+        default=None,
+        help="merge --choose-on dev mix (default: STS-B dev + SciFact dev "
+        "against its judged abstracts + --mix-docs others)",
+    )
+    run.add_argument("--mix-docs", type=int, default=500, help="other SciFact abstracts in the default mix")
+    run.add_argument("--grid", default="0.2,0.4,0.5,0.6,0.8", help="merge weights tried by --choose-on")
+    ev = steps.add_parser("eval", help="evaluate one model folder as a row (e.g. a recipe variant)")
+    ev.add_argument("--row", required=True)
+    ev.add_argument("--model", default=None, help="folder; default: the row's own")
+    ev.add_argument("--seed", type=int, default=None)
+    ev.add_argument("--split", choices=("test", "dev"), default="test")
+    tab = steps.add_parser("table", help="print the Markdown table (and write OUT/table-<split>.md)")
+    tab.add_argument("--split", choices=("test", "dev"), default="test")
+    for sub in (run, ev, tab):
+        sub.add_argument("--out", default="runs/general-table")
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.step == "table":
+        text = table(out, split=args.split)
+        (out / f"table-{args.split}.md").write_text(text + "\n")
+        print(text)
+        return
+    if args.step == "eval":
+        evaluate_row(args.row, args.seed, out, split=args.split, model=args.model)
+        return
+    if args.mix is None:
+        folder = mix_folder(Path(f"/tmp/general/scifact-dev-{args.mix_docs}"), others=args.mix_docs)
+        args.mix = f"sts:stsb-dev,retrieval:{folder}@dev"
+    for row in args.rows.split(","):
+        if row not in ROWS:
+            raise SystemExit(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
+        for seed in [int(s) for s in args.seeds.split(",")] if row in TRAINED else [None]:
+            if seed is not None:
+                train_row(row, seed, out, mix=args.mix, grid=args.grid)
+            if not args.no_eval:
+                evaluate_row(row, seed, out, split=args.split)
+    print(table(out, split=args.split))
+
+
+if __name__ == "__main__":
+    main()
