@@ -120,7 +120,7 @@ def save_checkpoint(
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    run_id = progress.setdefault("run_id", _run_file_id(folder) or uuid.uuid4().hex)
+    run_id = progress.setdefault("run_id", _run_id(folder / RUN_FILE) or uuid.uuid4().hex)
     name = f"checkpoint-{progress['step']}"
 
     def write(tmp: Path) -> None:
@@ -141,7 +141,7 @@ def save_checkpoint(
 
     atomic_dir(folder / name, write)
     write_text_atomic(folder / LATEST, name + "\n")
-    ours = sorted((step, path) for step, path in _checkpoints(folder) if _run_of(path) == run_id)
+    ours = sorted((step, path) for step, path in _checkpoints(folder) if _run_id(path / MANIFEST) == run_id)
     stale = ours[:-keep] if keep >= 1 else []
     for _, path in stale:
         if path.name != name:
@@ -184,18 +184,11 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _run_of(checkpoint: Path) -> str | None:
-    """The run id in a checkpoint's manifest (``None``: no manifest, or unreadable)."""
+def _run_id(path: Path) -> str | None:
+    """The ``run_id`` in a JSON file: a checkpoint's manifest or the output folder's run file (``None``: no such
+    file, or unreadable)."""
     try:
-        run = _read_json(checkpoint / MANIFEST).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return run if isinstance(run, str) else None
-
-
-def _run_file_id(folder: Path) -> str | None:
-    try:
-        run = _read_json(folder / RUN_FILE).get("run_id")
+        run = _read_json(path).get("run_id")
     except (OSError, ValueError, AttributeError):
         return None
     return run if isinstance(run, str) else None
@@ -213,8 +206,8 @@ def find_latest(folder: Path) -> Path | None:
     present = _checkpoints(folder)
     listing = ", ".join(p.name for _, p in present) or "no checkpoints"
     if not pointer.exists():
-        current = _run_file_id(folder)
-        if not present or (current is not None and all(_run_of(p) != current for _, p in present)):
+        current = _run_id(folder / RUN_FILE)
+        if not present or (current is not None and all(_run_id(p / MANIFEST) != current for _, p in present)):
             return None
         raise CheckpointError(
             f"{pointer}: missing, but {folder} holds {listing}; write the name of the one to resume from into "
