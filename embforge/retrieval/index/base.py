@@ -14,6 +14,7 @@ import numpy as np
 
 IDS_FILE = "ids.jsonl"
 LEGACY_IDS_FILE = "ids.txt"
+META_FILE = "index.json"
 
 
 def write_ids(folder: Path, ids: Sequence[str]) -> None:
@@ -37,6 +38,18 @@ def read_ids(folder: Path) -> list[str]:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{line_no}:{err.colno}: {err.msg}") from err
     return ids
+
+
+def write_listing(folder: Path, ids: Sequence[str], meta: dict) -> None:
+    """The files every saved in-memory index has besides its vectors: the ids and ``index.json`` (``meta``)."""
+    write_ids(folder, ids)
+    (folder / META_FILE).write_text(json.dumps(meta) + "\n")
+
+
+def read_meta(path: str | Path) -> tuple[Path, dict]:
+    """``(folder, its index.json)`` of a saved index."""
+    folder = Path(path)
+    return folder, json.loads((folder / META_FILE).read_text())
 
 
 def save_folder(final: Path, write: Callable[[Path], None]) -> None:
@@ -108,3 +121,14 @@ class VectorIndex(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release what the index holds (files, clients); the default holds nothing."""
+
+
+class InMemoryIndex(VectorIndex):
+    """An index held in this process: :meth:`snapshot` captures its files, :meth:`save` swaps them in atomically."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> Callable[[Path], None]:
+        """Capture the index now; ``write(folder)`` writes its vectors and :func:`write_listing`'s files."""
+
+    def save(self, path: str | Path) -> None:
+        save_folder(Path(path), self.snapshot())

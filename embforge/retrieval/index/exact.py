@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embforge.retrieval.index.base import VectorIndex, read_ids, save_folder, write_ids
+from embforge.retrieval.index.base import InMemoryIndex, read_ids, read_meta, write_listing
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +112,7 @@ def _merge_top(
     return scores[keep].reshape(q, width), positions[keep].reshape(q, width)
 
 
-class NumpyIndex(VectorIndex):
+class NumpyIndex(InMemoryIndex):
     """Exact search over float32 vectors held in memory (brute force, chunked matrix products).
 
     Vectors live in one buffer that doubles when full, so an ``add`` costs the rows it adds (amortised), not a copy
@@ -158,18 +157,13 @@ class NumpyIndex(VectorIndex):
 
         def write(folder: Path) -> None:
             np.save(folder / "vectors.npy", vectors)
-            write_ids(folder, ids)
-            (folder / "index.json").write_text(json.dumps({"backend": "numpy", "dim": self.dim}) + "\n")
+            write_listing(folder, ids, {"backend": "numpy", "dim": self.dim})
 
         return write
 
-    def save(self, path: str | Path) -> None:
-        save_folder(Path(path), self.snapshot())
-
     @classmethod
     def load(cls, path: str | Path) -> NumpyIndex:
-        folder = Path(path)
-        meta = json.loads((folder / "index.json").read_text())
+        folder, meta = read_meta(path)
         index = cls(meta["dim"])
         ids = read_ids(folder)
         vectors = np.load(folder / "vectors.npy")

@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from embforge._optional import require
-from embforge.retrieval.index.base import VectorIndex, read_ids, save_folder, write_ids
+from embforge.retrieval.index.base import InMemoryIndex, read_ids, read_meta, write_listing
 from embforge.retrieval.index.exact import check_queries, check_vectors
 
 KINDS = ("flat", "hnsw", "ivf", "ivfpq", "pq")
@@ -52,7 +51,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-class FaissIndex(VectorIndex):
+class FaissIndex(InMemoryIndex):
     """A FAISS index of one of :data:`KINDS`; ``options`` override :data:`DEFAULTS` (unknown ones are an error)."""
 
     def __init__(self, dim: int, *, kind: str = "flat", **options: Any) -> None:
@@ -164,18 +163,13 @@ class FaissIndex(VectorIndex):
         def write(folder: Path) -> None:
             if data is not None:
                 np.asarray(data).tofile(folder / "index.faiss")
-            write_ids(folder, ids)
-            (folder / "index.json").write_text(json.dumps(meta) + "\n")
+            write_listing(folder, ids, meta)
 
         return write
 
-    def save(self, path: str | Path) -> None:
-        save_folder(Path(path), self.snapshot())
-
     @classmethod
     def load(cls, path: str | Path) -> FaissIndex:
-        folder = Path(path)
-        meta = json.loads((folder / "index.json").read_text())
+        folder, meta = read_meta(path)
         index = cls(meta["dim"], kind=meta["kind"], **meta["options"])
         index.ids = read_ids(folder)
         index._positions = {i: n for n, i in enumerate(index.ids)}
