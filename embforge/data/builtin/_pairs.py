@@ -1,13 +1,22 @@
-"""Helpers shared by the pair data set loaders: locating a folder and carving a deterministic dev split."""
+"""Helpers shared by the data set loaders: checking a split name, locating a folder and carving a deterministic
+dev split."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from embforge.data.paths import data_root
 from embforge.data.tables import Dataset
+
+
+def check_choice(value: str, choices: Sequence[str], *, what: str) -> str:
+    """``value`` when it is one of ``choices``, else a ``ValueError`` naming ``what`` (e.g. ``"STS-B split"``)."""
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def dataset_dir(name: str, root: str | os.PathLike | None, *, expect: str) -> Path:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 
-from embforge.data.builtin._pairs import dataset_dir
+from embforge.data.builtin._pairs import check_choice, dataset_dir
 from embforge.data.tables import DataError, Dataset, read_table
 
 SPLITS = ("train", "dev", "test", "train_all")
@@ -29,8 +29,7 @@ def banking77_labels(root: str | os.PathLike | None = None) -> list[str]:
 
 def load_banking77(split: str, *, root: str | os.PathLike | None = None) -> Dataset:
     """One split as ``text, label`` (label = index into :func:`banking77_labels`)."""
-    if split not in SPLITS:
-        raise ValueError(f"Banking77 split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(split, SPLITS, what="Banking77 split")
     name = "test" if split == "test" else "train"
     folder = dataset_dir("banking77", root, expect=f"{name}.csv")
     data = read_table(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from embforge.data.builtin._pairs import dataset_dir, hash_split
+from embforge.data.builtin._pairs import check_choice, dataset_dir, hash_split
 from embforge.data.tables import Dataset, read_table
 
 SPLITS = ("train", "dev", "test", "train_all")
@@ -18,8 +18,7 @@ _COLUMNS = {"Quality": "label", "#1 String": "sentence1", "#2 String": "sentence
 
 def load_mrpc(split: str, *, root: str | os.PathLike | None = None) -> Dataset:
     """One split as ``sentence1, sentence2, label`` (1 = paraphrase)."""
-    if split not in SPLITS:
-        raise ValueError(f"MRPC split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(split, SPLITS, what="MRPC split")
     name = "test" if split == "test" else "train"
     folder = dataset_dir("mrpc", root, expect=f"msr_paraphrase_{name}.txt")
     data = read_table(folder / f"msr_paraphrase_{name}.txt", columns=_COLUMNS, header=True, label_set=[0, 1])

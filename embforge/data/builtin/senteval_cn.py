@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from embforge.data.builtin._pairs import dataset_dir, hash_split
+from embforge.data.builtin._pairs import check_choice, dataset_dir, hash_split
 from embforge.data.tables import Dataset, read_table
 
 TASKS = ("ATEC", "BQ", "LCQMC", "PAWSX", "STS-B")
@@ -25,10 +25,8 @@ def load_senteval_cn(task: str, split: str, *, root: str | os.PathLike | None = 
         split: ``train``/``dev`` (carved from valid; STS-B has a real train), ``valid`` (all of it) or ``test``.
         root: The ``senteval_cn`` folder (default ``<data root>/senteval_cn``).
     """
-    if task not in TASKS:
-        raise ValueError(f"senteval_cn task must be one of {', '.join(TASKS)}, got {task!r}")
-    if split not in SPLITS:
-        raise ValueError(f"senteval_cn split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(task, TASKS, what="senteval_cn task")
+    check_choice(split, SPLITS, what="senteval_cn split")
     folder = dataset_dir("senteval_cn", root, expect=f"{task}/{task}.test.data") / task
     graded = task == "STS-B"
     if graded and split in ("train", "dev"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from embforge.data.builtin._pairs import dataset_dir, hash_split
+from embforge.data.builtin._pairs import check_choice, dataset_dir, hash_split
 from embforge.data.tables import DataError, Dataset
 
 SPLITS = ("train", "dev", "test", "dev_all")
@@ -53,8 +53,7 @@ def read_senteval_nli(folder: Path, split: str, *, binary: bool = True) -> Datas
 
 def load_snli(split: str, *, root: str | os.PathLike | None = None, binary: bool = True) -> Dataset:
     """One split as ``sentence1`` (premise), ``sentence2`` (hypothesis), ``label`` (1 = entailment)."""
-    if split not in SPLITS:
-        raise ValueError(f"SNLI split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(split, SPLITS, what="SNLI split")
     name = "test" if split == "test" else "dev"
     folder = dataset_dir("snli_senteval", root, expect=f"s1.{name}")
     data = read_senteval_nli(folder, name, binary=binary)

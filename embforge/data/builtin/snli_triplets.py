@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from embforge.data.builtin._pairs import dataset_dir
+from embforge.data.builtin._pairs import check_choice, dataset_dir
 from embforge.data.builtin.snli import read_senteval_nli
 from embforge.data.tables import Dataset
 
@@ -45,8 +45,7 @@ def nli_triplets(data: Dataset) -> Dataset:
 
 def load_snli_triplets(split: str = "all", *, root: str | os.PathLike | None = None) -> Dataset:
     """``anchor, positive, negative`` triplets from SNLI ``dev``, ``test`` or ``all`` (both)."""
-    if split not in SPLITS:
-        raise ValueError(f"SNLI triplet split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(split, SPLITS, what="SNLI triplet split")
     folder = dataset_dir("snli_senteval", root, expect="s1.dev")
     parts = [
         nli_triplets(read_senteval_nli(folder, s, binary=False))

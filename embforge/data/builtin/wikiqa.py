@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from embforge.data.builtin._pairs import dataset_dir
+from embforge.data.builtin._pairs import check_choice, dataset_dir
 from embforge.data.tables import Dataset, read_table
 
 SPLITS = ("train", "dev", "test")
@@ -18,8 +18,7 @@ SPLITS = ("train", "dev", "test")
 
 def load_wikiqa(split: str, *, root: str | os.PathLike | None = None) -> Dataset:
     """One split as ``sentence1`` (question), ``sentence2`` (candidate), ``label`` (1 = correct answer)."""
-    if split not in SPLITS:
-        raise ValueError(f"WikiQA split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(split, SPLITS, what="WikiQA split")
     folder = dataset_dir("wikiqa", root, expect=f"{split}.txt")
     return read_table(
         folder / f"{split}.txt", columns="0=sentence1,1=sentence2,2=label", header=False, label_set=[0, 1]
