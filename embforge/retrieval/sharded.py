@@ -18,7 +18,7 @@ Callers that write outputs (the CLI verbs) write them on rank 0 (:func:`embforge
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,52 +46,30 @@ class ShardedEncoder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
-    def encode(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-        **options: Any,
-    ) -> np.ndarray:
-        """``model.encode(texts, ...)``, each rank encoding a contiguous range of its length-sorted batches."""
+    def encode(self, texts: str | Sequence[str], *, batch_size: int = 32, **options: Any) -> np.ndarray:
+        """``model.encode(texts, batch_size=batch_size, **options)``, each rank encoding a contiguous range of its
+        length-sorted batches (rank 0 alone shows progress and calls ``on_batch``, for all texts)."""
         model = self.wrapped
         if isinstance(texts, str) or self.shards == 1:
-            return model.encode(
-                texts,
-                batch_size=batch_size,
-                prompt=prompt,
-                prompt_name=prompt_name,
-                show_progress=show_progress,
-                on_batch=on_batch,
-                **options,
-            )
+            return model.encode(texts, batch_size=batch_size, **options)
         texts = list(texts)
         me, main = rank(), is_main()
         start, end = spans_for(len(texts), self.shards)[me]
-        prefix = model.prompt_text(prompt, prompt_name)
+        prefix = model.prompt_text(options.get("prompt"), options.get("prompt_name"))
         local_lengths = [len(ids) for ids in model.tokenize_ids(texts[start:end], prefix=prefix)]
         lengths = [n for part in all_gather_objects(local_lengths) for n in part]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # Encoder.encode's (stable) order
         first, last = spans_for(math.ceil(len(texts) / batch_size), self.shards)[me]
         rows = order[first * batch_size : last * batch_size]
-        local = model.encode(
-            [texts[i] for i in rows],
-            batch_size=batch_size,
-            prompt=prompt,
-            prompt_name=prompt_name,
-            show_progress=show_progress if main else False,
-            on_batch=on_batch if main else None,
-            **options,
-        )
+        on_batch = options.get("on_batch") if main else None
+        if not main:
+            options = {**options, "show_progress": False, "on_batch": None}
+        local = model.encode([texts[i] for i in rows], batch_size=batch_size, **options)
         parts = all_gather_objects((rows, np.asarray(local, dtype=np.float32)))
         out = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
         for part_rows, vectors in parts:
             out[part_rows] = vectors
-        if on_batch is not None and main:  # the other ranks' texts, for a caller's progress bar
+        if on_batch is not None:  # the other ranks' texts, for a caller's progress bar
             on_batch(len(texts) - len(rows))
         return out
 
