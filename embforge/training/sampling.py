@@ -207,32 +207,15 @@ class TaskPlan:
 
 
 def epoch_plan(
-    sizes: Sequence[int],
-    weights: Sequence[float],
-    batch_size: int,
-    *,
-    seed: int,
-    epoch: int,
-    lengths: Sequence[Sequence[int] | None] | None = None,
-    strategy: str = "epoch",
-    alpha: float = 0.5,
-    distinct: Sequence[Sequence[Sequence[Hashable]] | None] | None = None,
+    sizes: Sequence[int], weights: Sequence[float], batch_size: int, **plan_options: Any
 ) -> list[PlannedBatch]:
-    """All batches of one epoch with fixed ``weights`` (see :class:`TaskPlan`).
+    """All batches of one epoch with fixed ``weights``: ``plan_options`` are :class:`TaskPlan`'s (``seed`` and
+    ``epoch``, optionally ``strategy``, ``alpha``, ``lengths``, ``distinct``).
 
     With the default ``strategy="epoch"`` every task's rows are used once, a task's chance of giving the next
     batch being proportional to ``weight × batches left`` (with one task this is just its batches).
     """
-    plan = TaskPlan(
-        sizes,
-        batch_size,
-        seed=seed,
-        epoch=epoch,
-        strategy=strategy,
-        alpha=alpha,
-        lengths=lengths,
-        distinct=distinct,
-    )
+    plan = TaskPlan(sizes, batch_size, **plan_options)
     progress: dict[str, Any] = {"position": 0}
     return [plan.take(progress, weights) for _ in range(len(plan))]
 
