@@ -42,6 +42,18 @@ def add_batch_size_arg(parser: argparse.ArgumentParser, *, default: int = 64) ->
     )
 
 
+def add_corpus_cache_arg(parser: argparse.ArgumentParser, *, default: str = "in memory only") -> None:
+    """``--corpus-cache DIR``: the resumable corpus embeddings (:mod:`embforge.retrieval.corpus_cache`), shared by
+    the verbs that encode a corpus; ``default`` says what happens without it."""
+    parser.add_argument(
+        "--corpus-cache",
+        default=None,
+        metavar="DIR",
+        help="keep the corpus embeddings here (resumable) and reuse them on the next run with the same model and "
+        f"corpus (eval retrieval, mine and index build share it); default: {default}",
+    )
+
+
 def add_eval_kind(
     evals: argparse._SubParsersAction,
     name: str,

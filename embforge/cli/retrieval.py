@@ -19,6 +19,7 @@ from embforge.cli.common import (
     DeprecatedFlag,
     add_actions,
     add_batch_size_arg,
+    add_corpus_cache_arg,
     add_index_kind_arg,
     add_model_arg,
     parse_options,
@@ -31,7 +32,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     _add_data(ev, default_split=None)
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
     add_index_kind_arg(ev, old="--index")
-    ev.add_argument("--corpus-cache", default=None, help="folder for resumable corpus embeddings")
+    add_corpus_cache_arg(ev)
     add_batch_size_arg(ev)
     ev.add_argument(
         "--max-seq-length",
@@ -78,12 +79,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="candidates per query the cross-encoder scores (default 30)",
     )
     add_batch_size_arg(mine, default=32)
-    mine.add_argument(
-        "--corpus-cache",
-        default=None,
-        metavar="DIR",
-        help="keep the corpus embeddings here (resumable) and reuse them on the next run with the same model",
-    )
+    add_corpus_cache_arg(mine)
     mine.add_argument(
         "--seed", type=int, default=0, help="seed of the random negatives and sampling (default 0)"
     )
@@ -108,13 +104,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--kind", dest="index_kind", action=DeprecatedFlag, new="--index-kind", help=argparse.SUPPRESS
     )
     build.add_argument("--option", action="append", metavar="NAME=VALUE", help="index option, e.g. m=32")
-    build.add_argument(
-        "--corpus-cache",
-        default=None,
-        metavar="DIR",
-        help="keep the corpus embeddings here (resumable; shared with eval retrieval and mine on the same corpus "
-        "and model); default: a temporary folder",
-    )
+    add_corpus_cache_arg(build, default="a temporary folder")
     add_batch_size_arg(build)
     build.set_defaults(func=run_index_build)
     search = sub.add_parser("search", help="top-k documents (id, score, text) of query texts")
