@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from embforge.modeling.precision import AMP_SETTINGS
 from embforge.modeling.resolve import DEFAULT_MODEL
+
+T = TypeVar("T")
 
 
 def add_model_arg(parser: argparse.ArgumentParser, *, amp: bool = True) -> None:
@@ -103,6 +106,15 @@ def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", requ
         help="the CSV/TSV file has (--header) or has no (--no-header) header row (default: detected from the "
         "content; names in --columns imply a header)",
     )
+
+
+def config_from_args(config_class: type[T], args: argparse.Namespace, **values: Any) -> T:
+    """A configuration dataclass filled from a verb's flags: each field ``values`` does not give is taken from the
+    flag of the same name (``--max-inputs`` -> ``max_inputs``) when the verb has one, else keeps its default."""
+    for field in dataclasses.fields(config_class):  # type: ignore[arg-type]
+        if field.init and field.name not in values and hasattr(args, field.name):
+            values[field.name] = getattr(args, field.name)
+    return config_class(**values)
 
 
 def parse_options(items: list[str] | None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from embforge.cli.common import add_batch_size_arg
+from embforge.cli.common import add_batch_size_arg, config_from_args
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -56,18 +56,12 @@ def run_curate(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.curate import CurateConfig, curate, write_rows
     from embforge.data.tables import read_table
 
-    config = CurateConfig(
+    config = config_from_args(
+        CurateConfig,
+        args,
         exact=not args.no_exact,
         near=None if args.near == "none" else args.near,
-        near_threshold=args.near_threshold,
         eval_files=list(args.eval),
-        leak_threshold=args.leak_threshold,
-        model=args.model,
-        consistency=args.consistency,
-        top_k=args.top_k,
-        cross_encoder=args.cross_encoder,
-        cross_threshold=args.cross_threshold,
-        batch_size=args.batch_size,
     )
     data = read_table(args.data)
     report = curate(data, config, show_progress=not getattr(args, "quiet", False))

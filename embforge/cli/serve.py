@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_index_kind_arg, add_model_arg, parse_options
+from embforge.cli.common import add_index_kind_arg, add_model_arg, config_from_args, parse_options
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -93,21 +93,15 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.serve.config import ServeConfig
     from embforge.serve.runner import serve
 
-    config = ServeConfig(
+    config = config_from_args(
+        ServeConfig,
+        args,
         model_name=args.model_name or str(args.model),
-        max_batch_size=args.max_batch_size,
-        max_wait_ms=args.max_wait_ms,
-        max_inputs=args.max_inputs,
-        max_chars=args.max_chars,
-        truncate=args.truncate,
-        max_body_bytes=args.max_body_bytes,
-        api_key=args.api_key,
         request_timeout_s=args.timeout,
         reranker_name=args.reranker,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
-        max_connections=args.max_connections,
     )
     options = parse_options(args.index_option)
     if args.qdrant_url:
