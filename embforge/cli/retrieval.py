@@ -22,6 +22,7 @@ from embforge.cli.common import (
     add_corpus_cache_arg,
     add_index_kind_arg,
     add_model_arg,
+    config_from_args,
     parse_options,
 )
 
@@ -173,21 +174,7 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any] | None:
     from embforge.retrieval.sharded import is_main, sharded
 
     check_kind(args.index_kind)
-    config = MiningConfig(
-        method=args.method,
-        num_negatives=args.num_negatives,
-        depth=args.depth,
-        skip_top=args.skip_top,
-        relative_margin=args.relative_margin,
-        absolute_margin=args.absolute_margin,
-        max_score=args.max_score,
-        hard_ratio=args.hard_ratio,
-        sampling=args.sampling,
-        index=args.index_kind,
-        batch_size=args.batch_size,
-        rescore_depth=args.rescore_depth,
-        seed=args.seed,
-    )
+    config = config_from_args(MiningConfig, args, index=args.index_kind)
     corpus = None
     if args.pairs:
         data: Any = read_table(args.pairs)
