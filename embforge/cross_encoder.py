@@ -27,6 +27,7 @@ from embforge.modeling.padding import (
     token_budget_chunks,
 )
 from embforge.modeling.resolve import default_max_seq_length, resolve_model_path
+from embforge.modeling.tokenizing import Tokenized
 from embforge.progress import progress_bar, progress_enabled
 
 # activation applied by predict() -> sentence-transformers' name for it
@@ -54,7 +55,7 @@ def is_cross_encoder_folder(path: str | os.PathLike) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in architectures)
 
 
-class CrossEncoder(nn.Module):
+class CrossEncoder(Tokenized, nn.Module):
     """A cross-encoder (reranker): a pair of texts in, ``num_labels`` logits out.
 
     Example:
@@ -88,11 +89,6 @@ class CrossEncoder(nn.Module):
     @property
     def num_labels(self) -> int:
         return int(self.model.config.num_labels)
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return int(pad) if pad is not None else 0
 
     # ------------------------------------------------------------------ tokenisation and forward
     def tokenize_ids(self, texts: Sequence[str], texts_b: Sequence[str] | None = None) -> list[PairIds]:

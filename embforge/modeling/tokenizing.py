@@ -1,4 +1,5 @@
-"""Prompts and tokenisation shared by every bi-encoder runtime (PyTorch :class:`Encoder`, ONNX encoder)."""
+"""Prompts and tokenisation shared by every bi-encoder runtime (PyTorch :class:`Encoder`, ONNX encoder), and the
+pad id every model with a tokenizer has."""
 
 from __future__ import annotations
 
@@ -6,7 +7,19 @@ from collections.abc import Sequence
 from typing import Any
 
 
-class PromptTokenizing:
+class Tokenized:
+    """Mixin of every model with a ``tokenizer`` attribute (bi-encoders and cross-encoders): its pad id."""
+
+    tokenizer: Any
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's padding id (0 when it has none)."""
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return int(pad) if pad is not None else 0
+
+
+class PromptTokenizing(Tokenized):
     """Mixin: needs ``tokenizer``, ``max_seq_length``, ``prompts`` and ``default_prompt_name`` attributes.
 
     ``append_token_id`` (decoder embedders, see :func:`embforge.modeling.decoder.eos_to_append`): a token id put
@@ -47,8 +60,3 @@ class PromptTokenizing:
         if append is None:
             return out["input_ids"]
         return [[*ids, append] for ids in out["input_ids"]]
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return int(pad) if pad is not None else 0
