@@ -215,13 +215,20 @@ def sharded_encoding_worker(model_dir: str, texts: list[str], out: str) -> None:
         pickle.dump(result, handle)
 
 
-def torchrun(*args: str, cwd: Any, nproc: int = 2) -> Any:
-    """``torchrun --nproc-per-node 2 -m embforge ARGS`` on loopback; the completed process (stdout, stderr)."""
-    import subprocess
+def torchrun_command(*args: str, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``torchrun --nproc-per-node 2 -m embforge ARGS`` on loopback."""
     import sys
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     command += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "embforge", *args]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
+    return command, env
+
+
+def torchrun(*args: str, cwd: Any, nproc: int = 2) -> Any:
+    """Run :func:`torchrun_command` to the end; the completed process (stdout, stderr)."""
+    import subprocess
+
+    command, env = torchrun_command(*args, nproc=nproc)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

@@ -6,7 +6,12 @@ the same training in this process and compares the final weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
 from typing import Any
 
 import numpy as np
@@ -23,6 +28,7 @@ from tests.distributed_helpers import (
     spawn,
     step_gradients,
     torchrun,
+    torchrun_command,
 )
 
 WORDS = [
@@ -277,3 +283,46 @@ def test_torchrun_pipeline_with_mining(runs, tmp_path):
     assert (tmp_path / "two" / mined).read_text() == (tmp_path / "one" / mined).read_text()
     two, one = Encoder.load(tmp_path / "two" / "final"), Encoder.load(tmp_path / "one" / "final")
     assert max_diff(two, one) <= 1e-5
+
+
+@pytest.mark.slow
+def test_torchrun_run_killed_by_sigkill_resumes_to_the_uninterrupted_weights(tmp_path):
+    """A real kill: SIGKILL to the whole torchrun process tree (launcher and both ranks) as soon as a checkpoint
+    exists, wherever the ranks are (maybe mid-way through writing the next checkpoint); ``--resume`` under torchrun
+    then ends with the weights of an uninterrupted one-process run."""
+    psutil = pytest.importorskip("psutil")
+    from embforge.cli import main
+
+    model = save_model(tmp_path / "model", dropout=True)
+    triplets = write_jsonl(
+        tmp_path / "triplets.jsonl",
+        {"anchor": texts(200, 1), "positive": texts(200, 2), "negative": texts(200, 3)},
+    )
+    args = ["train", "--model", model, "--train", triplets, "--loss", "infonce"]
+    args += ["--loss-option", "symmetric=true", "--batch-size", "64", "--max-steps", "30", "--amp", "no"]
+    args += ["--lr", "1e-3", "--seed", "3", "--save-every", "2", "--device", "cpu", "--quiet"]
+    output = tmp_path / "two"
+    command, env = torchrun_command(*args, "--output", str(output))
+    launcher = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    latest, deadline = output / "checkpoints" / "latest", time.monotonic() + 300
+    while not latest.exists() and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # the launcher and its workers (which torchrun may start in sessions of their own): kill the whole tree at once
+    tree = [launcher.pid] + [child.pid for child in psutil.Process(launcher.pid).children(recursive=True)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == -signal.SIGKILL, stderr.decode()[-3000:]
+    assert not (output / "model.safetensors").exists()  # killed before the end: no final model
+    killed_at = latest.read_text().strip()
+
+    done = torchrun(*args, "--output", str(output), "--resume", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    resumed_from = [r["from"] for r in records if r.get("event") == "resume"]
+    assert resumed_from == [killed_at]
+    assert main([*args, "--output", str(tmp_path / "one")]) == 0
+    assert max_diff(Encoder.load(output), Encoder.load(tmp_path / "one")) <= 1e-5
