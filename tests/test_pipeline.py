@@ -116,8 +116,8 @@ def test_pipeline_killed_in_stage_two_resumes_there(tmp_path, tiny_model_dir, st
     assert seen == [(2, 5), (2, 6), (3, 1), (3, 2)]
     assert (out / "stage-1-warmup" / "stage_done.json").read_text() == stage1_done
     events = [json.loads(line) for line in (out / "stage-2-multi" / "metrics.jsonl").read_text().splitlines()]
-    # the first start logged that there was nothing to resume yet; the rerun resumed from checkpoint-4
-    assert any({"event": "resume", "from": "checkpoint-4"}.items() <= e.items() for e in events)
+    # the rerun resumed from checkpoint-4 (the first start was a fresh stage, not a resume)
+    assert [e["from"] for e in events if e.get("event") == "resume"] == ["checkpoint-4"]
     assert any("task_weights" in e for e in events)  # dynamic weights were logged
     assert result["final"] == str(out / "final")
     # and the resumed run ends with the same weights as the uninterrupted one
@@ -125,6 +125,21 @@ def test_pipeline_killed_in_stage_two_resumes_there(tmp_path, tiny_model_dir, st
     b = Encoder.load(result["final"]).state_dict()
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+
+
+def test_a_fresh_pipeline_warns_of_nothing_to_resume(tmp_path, tiny_model_dir, sts_csv):
+    """Each stage that starts for the first time is a new run, not a resume with nothing to resume."""
+    import warnings
+
+    from embforge.training.checkpoints import ResumeWarning
+
+    path = write_pipeline(tmp_path, tiny_model_dir, sts_csv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeWarning)
+        run_pipeline(load_pipeline(path), output=str(tmp_path / "fresh"))
+    for stage in ("stage-1-warmup", "stage-2-multi", "stage-3-mrl"):
+        events = (tmp_path / "fresh" / stage / "metrics.jsonl").read_text().splitlines()
+        assert not [e for e in map(json.loads, events) if e.get("event") == "resume"]
 
 
 def test_rerun_without_resume_refuses_to_overwrite(tmp_path, tiny_model_dir, sts_csv):

@@ -25,7 +25,7 @@ Every stage is validated before any training starts (unknown keys or losses, dat
 needs, Matryoshka dimensions above the model's); errors name the stage, the task and the field. Stage *k*
 trains in ``<output>/stage-<k>-<name>`` with the trainer's own checkpoints, starts from stage *k-1*'s model, and
 writes ``stage_done.json`` when finished; a rerun skips finished stages and resumes the unfinished one from its
-last checkpoint. Mined data is saved in the stage folder so a resumed stage trains on the same rows.
+last checkpoint (a stage that starts for the first time is a new run, not a resume). Mined data is saved in the stage folder so a resumed stage trains on the same rows.
 
 A task with ``teacher = "FOLDER"`` and ``loss = "mse_distill"`` regresses the teacher's embeddings of its texts,
 computed when the stage starts and cached in the top-level ``teacher_cache`` folder (default
@@ -381,7 +381,7 @@ def run_pipeline(
             teachers.load_weights(model, loaded_from)
             loaded_from = None
         tasks = build_stage_tasks(stage, i, pipeline, dim=model.dim, model=model, workdir=folder)
-        settings = {**stage.config, "output": str(folder), "resume": True}
+        settings = {**stage.config, "output": str(folder), "resume": (folder / "checkpoints").is_dir()}
         if device is not None:
             settings["device"] = device
         if quiet is not None:
