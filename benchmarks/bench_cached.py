@@ -4,7 +4,7 @@ Every measurement runs in a fresh child process (so peak RSS is that configurati
 SciFact train pairs (query, abstract; long documents), one warm-up step then timed steps of InfoNCE with in-batch
 negatives, fp32. Configurations:
 
-- embforge uncached at batch 32, 256; cached (``mini_batch_size``) at 256 and 1024;
+- embforge uncached at batch 32 (plain batch 256 needs > 24 GB here); cached (``mini_batch_size``) at 64, 256, 1024;
 - sentence-transformers' ``CachedMultipleNegativesRankingLoss`` at the same batch and mini-batch (the peer);
 - embforge with and without gradient checkpointing at batch 64 (uncached).
 
@@ -26,7 +26,7 @@ import torch
 
 CONFIGS = [
     "embforge:32:0",
-    "embforge:256:0",
+    "embforge-cached:64:32",  # vs embforge:64:0 below: cached vs plain time at equal batch
     "embforge-cached:256:32",
     "peer-cached:256:32",
     "embforge-cached:1024:32",
