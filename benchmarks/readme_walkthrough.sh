@@ -7,6 +7,7 @@ export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1
 W=${WALK:-/tmp/walk/in}
 D=../shared/data
 T=${WALK:-/tmp/walk/in}/../times.tsv
+mkdir -p "$(dirname "$T")"
 : > $T
 step() {  # step LABEL command...
   local label=$1; shift

@@ -57,7 +57,8 @@ def main() -> None:
     write_csv(out / "docs.csv", [["text"], *([r[4]] for r in mrpc_train[200:1200])])
 
     data = load_scifact("all")
-    queries = sorted(data.queries)[:60]
+    texts = dict(zip(data.query_ids, data.query_texts))
+    queries = sorted(q for q in data.query_ids if data.qrels.get(q))[:60]
     judged = {d for q in queries for d in data.qrels[q]}
     keep = [i for i, d in enumerate(data.doc_ids) if d in judged]
     keep += [i for i, d in enumerate(data.doc_ids) if d not in judged][:400]
@@ -70,7 +71,7 @@ def main() -> None:
             for i in sorted(keep)
         ],
     )
-    write_lines(beir / "queries.jsonl", [json.dumps({"_id": q, "text": data.queries[q]}) for q in queries])
+    write_lines(beir / "queries.jsonl", [json.dumps({"_id": q, "text": texts[q]}) for q in queries])
     for split, chosen in (("train", queries[:45]), ("dev", queries[45:])):
         qrels = [f"{q}\t{d}\t{s}" for q in chosen for d, s in data.qrels[q].items()]
         write_lines(beir / "qrels" / f"{split}.tsv", ["query-id\tcorpus-id\tscore", *qrels])
