@@ -45,7 +45,8 @@ step pipeline embforge train $W/pipeline.toml --output runs/walk-pipeline
 step three-stage embforge train embforge/configs/three_stage.toml --output runs/three-stage
 step eval-classification embforge eval classification --model all-MiniLM-L6-v2 --train $W/train.jsonl --test $W/test.jsonl
 step eval-clustering embforge eval clustering --model all-MiniLM-L6-v2 --data $W/test.jsonl
-( cd $W && step eval-matryoshka embforge eval matryoshka --model all-MiniLM-L6-v2 --task sts --data $PWD/../shared/data/stsb_en/stsb-en-test.csv --columns 0=sentence1,1=sentence2,2=score --dims 64,128,256 )
+DATA_ABS=$(cd $D && pwd)
+( cd $W && step eval-matryoshka embforge eval matryoshka --model all-MiniLM-L6-v2 --task sts --data $DATA_ABS/stsb_en/stsb-en-test.csv --columns 0=sentence1,1=sentence2,2=score --dims 64,128,256 )
 step torchrun-train torchrun --nproc-per-node 2 -m embforge train --train $W/pairs.csv --loss infonce --batch-size 64 --output runs/ddp --max-steps 3
 step torchrun-encode torchrun --nproc-per-node 2 -m embforge encode --model all-MiniLM-L6-v2 --input $W/corpus.txt --output runs/corpus.npy
 step torchrun-index torchrun --nproc-per-node 2 -m embforge index build --model all-MiniLM-L6-v2 --data $W/beir --index runs/index
