@@ -107,3 +107,9 @@ def test_minilm_embeddings_equal_sentence_transformers(tmp_path):
     ours.save(tmp_path / "saved")
     reloaded = st.SentenceTransformer(str(tmp_path / "saved"), device="cpu")
     assert np.abs(reloaded.encode(TEXTS) - ours.encode(TEXTS)).max() <= 1e-5
+
+
+def test_encode_of_no_texts_is_an_empty_matrix(tiny_encoder):
+    """A sharded job can hand a process no rows: encode([]) is a (0, dim) array, not a tokenizer crash."""
+    out = tiny_encoder.encode([])
+    assert out.shape == (0, tiny_encoder.dim) and out.dtype == np.float32

@@ -92,6 +92,8 @@ class BatchEncoding(PromptTokenizing):
         batch: list[str] = [texts] if isinstance(texts, str) else list(texts)
         if dim is not None and not 0 < dim <= self.dim:
             raise ValueError(f"dim must be between 1 and the model's dimension {self.dim}, got {dim}")
+        if not batch:  # e.g. a process of a sharded job that got no rows
+            return np.zeros((0, dim or self.dim), dtype=np.float32)
         n_batches = (len(batch) + batch_size - 1) // batch_size
         enabled = progress_enabled(show_progress, steps=n_batches)
         bar = progress_bar(total=len(batch), desc="encode", unit="text", enabled=enabled)
