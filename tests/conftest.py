@@ -153,21 +153,24 @@ def tiny_model_dir(tmp_path: Path, tiny_encoder) -> Path:
     return path
 
 
+# sentence1, sentence2, score: a small STS-style sample shared by tests
+STS_ROWS = [
+    ("a man plays the guitar", "a man is playing guitar", 4.8),
+    ("a woman eats food", "a woman is eating", 4.2),
+    ("a cat runs in the park", "a dog runs in the park", 2.5),
+    ("the stock market rises", "oil price falls", 0.4),
+    ("a child reads a book", "a child is reading", 4.0),
+    ("a plane is taking off", "a red car drives on the road", 0.2),
+    ("the sun in the sky", "rain on the river", 0.8),
+    ("a woman sings a song", "a woman plays the piano", 2.2),
+]
+
+
 @pytest.fixture
 def sts_csv(tmp_path: Path) -> Path:
     """A small headerless STS-style CSV (sentence1, sentence2, score)."""
-    rows = [
-        ("a man plays the guitar", "a man is playing guitar", 4.8),
-        ("a woman eats food", "a woman is eating", 4.2),
-        ("a cat runs in the park", "a dog runs in the park", 2.5),
-        ("the stock market rises", "oil price falls", 0.4),
-        ("a child reads a book", "a child is reading", 4.0),
-        ("a plane is taking off", "a red car drives on the road", 0.2),
-        ("the sun in the sky", "rain on the river", 0.8),
-        ("a woman sings a song", "a woman plays the piano", 2.2),
-    ]
     path = tmp_path / "sts.csv"
-    path.write_text("".join(f"{a},{b},{s}\n" for a, b, s in rows * 4))
+    path.write_text("".join(f"{a},{b},{s}\n" for a, b, s in STS_ROWS * 4))
     return path
 
 

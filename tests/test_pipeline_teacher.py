@@ -14,18 +14,8 @@ from embforge.data.builtin import DATASETS
 from embforge.distill import add_projection
 from embforge.encoder import Encoder
 from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
+from tests.conftest import STS_ROWS as PAIRS
 from tests.conftest import make_bert, make_tokenizer, requires_data
-
-PAIRS = [
-    ("a man plays the guitar", "a man is playing guitar", 4.8),
-    ("a woman eats food", "a woman is eating", 4.2),
-    ("a cat runs in the park", "a dog runs in the park", 2.5),
-    ("the stock market rises", "oil price falls", 0.4),
-    ("a child reads a book", "a child is reading", 4.0),
-    ("a plane is taking off", "a red car drives on the road", 0.2),
-    ("the sun in the sky", "rain on the river", 0.8),
-    ("a woman sings a song", "a woman plays the piano", 2.2),
-]
 
 
 def _teacher_dir(tmp_path: Path) -> Path:
