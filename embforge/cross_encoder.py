@@ -19,10 +19,10 @@ from torch import Tensor, nn
 
 from embforge.modeling.dropout import text_keys
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
+from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_logits, supports_packed_classifier
 from embforge.modeling.padding import (
     in_length_chunks,
-    set_backbone_checkpointing,
     sort_by_length,
     token_budget_chunks,
 )
@@ -55,7 +55,7 @@ def is_cross_encoder_folder(path: str | os.PathLike) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in architectures)
 
 
-class CrossEncoder(Tokenized, nn.Module):
+class CrossEncoder(Tokenized, TransformerModule):
     """A cross-encoder (reranker): a pair of texts in, ``num_labels`` logits out.
 
     Example:
@@ -74,7 +74,6 @@ class CrossEncoder(Tokenized, nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
-        self.checkpointing = False
         if activation is None:
             activation = "sigmoid" if self.num_labels == 1 else "identity"
         if activation not in _ACTIVATIONS:
@@ -83,8 +82,9 @@ class CrossEncoder(Tokenized, nn.Module):
 
     # ------------------------------------------------------------------ properties
     @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
+    def backbone(self) -> nn.Module:  # type: ignore[override]
+        """The Hugging Face sequence-classification model (``self.model``)."""
+        return self.model
 
     @property
     def num_labels(self) -> int:
@@ -156,11 +156,6 @@ class CrossEncoder(Tokenized, nn.Module):
     ) -> Tensor:
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits.float()
-
-    def gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute layers in the backward pass (see :meth:`embforge.encoder.Encoder.gradient_checkpointing`)."""
-        self.checkpointing = enabled
-        set_backbone_checkpointing(self.model, enabled)
 
     def pad(self, items: Sequence[PairIds]) -> tuple[Tensor, Tensor, Tensor | None]:
         """Right-pad pairs to the longest one: ``(input_ids, attention_mask, token_type_ids or None)``."""

@@ -24,8 +24,9 @@ from embforge.modeling.dense import ST_DENSE, Dense
 from embforge.modeling.dropout import mix, text_keys
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
+from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
-from embforge.modeling.padding import in_length_chunks, pad_ids, set_backbone_checkpointing
+from embforge.modeling.padding import in_length_chunks, pad_ids
 from embforge.modeling.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
 from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path
 
@@ -48,7 +49,7 @@ class LoadOptions(TypedDict, total=False):
     max_seq_length: int | None
 
 
-class Encoder(BatchEncoding, nn.Module):
+class Encoder(BatchEncoding, TransformerModule):
     """A bi-encoder: texts -> fixed-size vectors.
 
     Example:
@@ -84,13 +85,8 @@ class Encoder(BatchEncoding, nn.Module):
         # decoder (LLM) embedders pool the last token: every text ends with an end-of-text token (modeling/decoder.py)
         self.append_token_id = eos_to_append(tokenizer) if is_decoder_backbone(backbone) else None
         self.dense = dense  # a projection after pooling (sentence-transformers' Dense), e.g. for mse_distill
-        self.checkpointing = False
 
     # ------------------------------------------------------------------ properties
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
     @property
     def padding_side(self) -> str:
         """The tokenizer's padding side (Qwen3-Embedding's is ``left``); positions and pooling handle both."""
@@ -175,13 +171,6 @@ class Encoder(BatchEncoding, nn.Module):
     def embed_ids(self, ids: Sequence[list[int]], *, max_tokens: int = 4096) -> Tensor:
         """Embed many tokenised texts with gradients, in the input order (``self(ids, max_tokens=...)``)."""
         return self(ids, max_tokens=max_tokens)
-
-    def gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each layer in the backward pass instead of keeping its activations (less memory, ~1/3 more
-        compute): the padding-free forward checkpoints its layers, the Hugging Face forward uses the backbone's
-        own ``gradient_checkpointing_enable``."""
-        self.checkpointing = enabled
-        set_backbone_checkpointing(self.backbone, enabled)
 
     # ------------------------------------------------------------------ inference (encode: modeling/encoding.py)
     def inference(self) -> AbstractContextManager[object]:

@@ -35,9 +35,15 @@ def test_add_eval_kind_gives_model_data_batch_size_and_func():
     evals = parser.add_subparsers(dest="kind", required=True)
 
     def run(args: argparse.Namespace) -> dict:
+        """a demo score (0-100)
+
+        Score a model on a demo file.
+        """
         return {}
 
-    kind = add_eval_kind(evals, "demo", help="h", description=None, func=run, data_flag="--train")
+    kind = add_eval_kind(evals, "demo", run, data_flag="--train")
+    assert kind.description == "Score a model on a demo file."
+    assert "a demo score (0-100)" in parser.format_help() or evals.choices["demo"] is kind
     kind.add_argument("--extra", type=int, default=1)
     args = parser.parse_args(["demo", "--train", "t.csv", "--batch-size", "5", "--model", "m"])
     assert (args.train, args.batch_size, args.model, args.extra, args.func) == ("t.csv", 5, "m", 1, run)

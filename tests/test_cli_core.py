@@ -106,3 +106,40 @@ def test_sts_evaluator_matches_scipy(tiny_encoder, sts_csv):
 def test_zero_shot_minilm_on_stsb_test(capsys):
     assert main(["eval", "sts", "--data", str(shared_data() / "stsb_en" / "stsb-en-test.csv")]) == 0
     assert last_json(capsys)["spearman"] == pytest.approx(82.03, abs=0.01)
+
+
+def test_train_takes_the_cached_step_and_checkpointing_flags(tmp_path, tiny_model_dir, sts_csv, capsys):
+    """``--mini-batch-size`` and ``--gradient-checkpointing`` (issue #13) reach the run's TrainConfig."""
+    out = tmp_path / "out"
+    code = main(
+        [
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--train",
+            str(sts_csv),
+            "--loss",
+            "infonce",
+            "--batch-size",
+            "16",
+        ]
+        + [
+            "--mini-batch-size",
+            "4",
+            "--gradient-checkpointing",
+            "--max-steps",
+            "1",
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    card = next(out.rglob("README.md")).read_text()
+    assert "mini_batch_size" in card and "gradient_checkpointing" in card
+    settings = {
+        line.split("|")[1].strip(" `"): line.split("|")[2].strip(" `")
+        for line in card.splitlines()
+        if line.count("|") >= 3
+    }
+    assert (settings.get("mini_batch_size"), settings.get("gradient_checkpointing")) == ("4", "True")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -60,15 +61,17 @@ def add_corpus_cache_arg(parser: argparse.ArgumentParser, *, default: str = "in 
 def add_eval_kind(
     evals: argparse._SubParsersAction,
     name: str,
-    *,
-    help: str,
-    description: str | None,
     func: Callable[[argparse.Namespace], Any],
+    *,
     data_flag: str = "--data",
 ) -> argparse.ArgumentParser:
     """``embforge eval NAME``: a model scored on one data file (``--model``, ``--amp``, the file's arguments,
-    ``--batch-size``), run by ``func``; the parser, to add the evaluation's own arguments to."""
-    parser = evals.add_parser(name, help=help, description=description)
+    ``--batch-size``), run by ``func``; the parser, to add the evaluation's own arguments to.
+
+    ``func``'s docstring is the help: its first line in ``embforge eval -h``, the rest the kind's description.
+    """
+    summary, _, details = inspect.cleandoc(func.__doc__ or name).partition("\n")
+    parser = evals.add_parser(name, help=summary, description=details.strip() or summary)
     add_model_arg(parser)
     add_data_args(parser, flag=data_flag)
     add_batch_size_arg(parser)

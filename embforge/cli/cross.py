@@ -12,23 +12,11 @@ from embforge.cli.common import add_actions, add_amp_arg, add_batch_size_arg, ad
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    pairs = add_eval_kind(
-        evals,
-        "pairs",
-        help="pair classification: accuracy (threshold from --dev), F1, AP, ROC-AUC (0-100)",
-        description="Pair classification of a bi- or cross-encoder on sentence1, sentence2, label (0/1) rows.",
-        func=run_eval_pairs,
-    )
+    pairs = add_eval_kind(evals, "pairs", run_eval_pairs)
     pairs.add_argument(
         "--dev", help="dev file for the accuracy threshold (default: searched on --data itself)"
     )
-    rerank = add_eval_kind(
-        evals,
-        "rerank",
-        help="MRR@10, NDCG@10, MAP (0-100) over each query's candidates",
-        description="Rank each query's candidates (rows sentence1=query, sentence2=candidate, label=grade).",
-        func=run_eval_rerank,
-    )
+    rerank = add_eval_kind(evals, "rerank", run_eval_rerank)
     rerank.add_argument(
         "--all-queries", action="store_true", help="keep queries without a relevant candidate (scored 0)"
     )
@@ -84,6 +72,10 @@ def load_any_model(path: str) -> Any:
 
 
 def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
+    """pair classification: accuracy (threshold from --dev), F1, AP, ROC-AUC (0-100)
+
+    Pair classification of a bi- or cross-encoder on sentence1, sentence2, label (0/1) rows.
+    """
     from embforge.data.tables import read_table
     from embforge.evaluate.pairs import evaluate_pairs
 
@@ -95,6 +87,10 @@ def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
+    """MRR@10, NDCG@10, MAP (0-100) over each query's candidates
+
+    Rank each query's candidates (rows sentence1=query, sentence2=candidate, label=grade).
+    """
     from embforge.data.tables import read_table
     from embforge.evaluate.rerank import evaluate_rerank
 

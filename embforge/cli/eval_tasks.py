@@ -10,22 +10,9 @@ from embforge.cli.common import add_batch_size_arg, add_data_args, add_eval_kind
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    parser = add_eval_kind(
-        evals,
-        "classification",
-        help="logistic regression on frozen embeddings: accuracy and macro-F1 (0-100)",
-        description="Fit logistic regression on the embeddings of --train (text,label), score it on --test.",
-        func=run_classification,
-        data_flag="--train",
-    )
+    parser = add_eval_kind(evals, "classification", run_classification, data_flag="--train")
     parser.add_argument("--test", required=True, help="CSV/TSV/JSONL/Parquet file with text,label")
-    parser = add_eval_kind(
-        evals,
-        "clustering",
-        help="k-means on embeddings (k = number of labels): V-measure (0-100)",
-        description="Cluster the embeddings of --data (text,label) with k-means and report V-measure.",
-        func=run_clustering,
-    )
+    parser = add_eval_kind(evals, "clustering", run_clustering)
     parser.add_argument("--seeds", type=int, default=3, help="k-means runs averaged (default 3)")
 
     parser = evals.add_parser(
@@ -78,6 +65,10 @@ def _shared_label_names(*paths: str, columns: str | None, header: bool | None = 
 
 
 def run_classification(args: argparse.Namespace) -> dict[str, Any]:
+    """logistic regression on frozen embeddings: accuracy and macro-F1 (0-100)
+
+    Fit logistic regression on the embeddings of --train (text,label), score it on --test.
+    """
     from embforge.encoder import Encoder
     from embforge.evaluate.classification import evaluate_classification
 
@@ -88,6 +79,10 @@ def run_classification(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_clustering(args: argparse.Namespace) -> dict[str, Any]:
+    """k-means on embeddings (k = number of labels): V-measure (0-100)
+
+    Cluster the embeddings of --data (text,label) with k-means and report V-measure.
+    """
     from embforge.encoder import Encoder
     from embforge.evaluate.clustering import evaluate_clustering
 

@@ -9,16 +9,14 @@ from embforge.cli.common import add_eval_kind
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
-    add_eval_kind(
-        evals,
-        "sts",
-        help="Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity",
-        description=__doc__,
-        func=run_sts,
-    )
+    add_eval_kind(evals, "sts", run_sts)
 
 
 def run_sts(args: argparse.Namespace) -> dict[str, Any]:
+    """Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity
+
+    Spearman/Pearson of a bi-encoder (or a cross-encoder's score) on scored pairs.
+    """
     from embforge.cli.cross import load_any_model
     from embforge.data.tables import read_table
     from embforge.evaluate.sts import evaluate_sts

@@ -21,6 +21,12 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--warmup-ratio", "warmup_ratio", float, "fraction of steps of linear warm-up (default 0.1)"),
     ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.01)"),
     ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
+    (
+        "--mini-batch-size",
+        "mini_batch_size",
+        int,
+        "cached step (GradCache): embed the batch N rows at a time, loss over the whole batch (default 0 = off)",
+    ),
     ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
     ("--amp", "amp", str, "mixed precision: auto, no, fp16, bf16 (default auto)"),
     ("--seed", "seed", int, "random seed (default 42; overrides every stage's seed of a pipeline file)"),
@@ -76,6 +82,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--resume", action="store_true", default=None, help="continue from the last checkpoint"
     )
     parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        default=None,
+        help="recompute each layer in the backward pass: less activation memory, ~1/3 more compute",
+    )
+    parser.add_argument(
         "--merge-lora",
         action="store_true",
         default=None,
@@ -119,7 +131,15 @@ def run_train(args: argparse.Namespace) -> dict[str, Any] | None:
     for _, key, _, _ in _FLAGS:
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
-    for key in ("train", "matryoshka_dims", "group_by_length", "resume", "quiet", "merge_lora"):
+    for key in (
+        "train",
+        "matryoshka_dims",
+        "group_by_length",
+        "resume",
+        "quiet",
+        "merge_lora",
+        "gradient_checkpointing",
+    ):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     if args.loss_option:

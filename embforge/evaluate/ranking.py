@@ -146,24 +146,15 @@ def evaluate_run_per_query(
 
 
 def evaluate_run(
-    run: Run,
-    qrels: Qrels,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    *,
-    relevance_level: int = 1,
+    run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS, **options: int
 ) -> dict[str, float]:
     """Mean of each metric over the queries of ``qrels`` (0–1), equal to ``pytrec_eval``'s on the same run.
 
-    Args:
-        run: ``{qid: {docid: score}}``; higher scores rank first, ties by docid descending (like ``trec_eval``).
-        qrels: ``{qid: {docid: grade}}``. A qrels query missing from ``run`` scores 0 on every metric.
-        metrics: metric names (see :func:`parse_metric`); the result keeps their spelling and order.
-        relevance_level: the smallest grade that counts as relevant.
-
-    Returns:
-        ``{metric name: mean value}``.
+    The arguments are :func:`evaluate_run_per_query`'s (``relevance_level=`` among ``options``). Ranking ties go
+    by docid descending (like ``trec_eval``); a qrels query missing from ``run`` scores 0 on every metric; the
+    result keeps the metrics' spelling and order: ``{metric name: mean value}``.
     """
-    per_query = evaluate_run_per_query(run, qrels, metrics, relevance_level=relevance_level)
+    per_query = evaluate_run_per_query(run, qrels, metrics, **options)
     return {name: float(np.mean(list(values.values()))) for name, values in per_query.items()}
 
 

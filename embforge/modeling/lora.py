@@ -100,10 +100,10 @@ def uses_adapters(module: Any) -> bool:
 
 def _slot(model: Any) -> tuple[str, str | None]:
     """``(attribute holding the HF module, peft task type)`` for an Encoder or a CrossEncoder."""
+    if hasattr(model, "model") and hasattr(model, "score_ids"):  # first: its ``backbone`` is ``model`` too
+        return "model", "SEQ_CLS"  # peft keeps the classification head fully trainable (modules_to_save)
     if hasattr(model, "backbone"):
         return "backbone", None
-    if hasattr(model, "model") and hasattr(model, "score_ids"):
-        return "model", "SEQ_CLS"  # peft keeps the classification head fully trainable (modules_to_save)
     raise TypeError(f"apply_lora needs an Encoder or a CrossEncoder, got {type(model).__name__}")
 
 

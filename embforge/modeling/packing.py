@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from embforge.modeling.attention import dropped_attention, written_attention
 from embforge.modeling.dropout import LayerMasks, head_mask
 from embforge.modeling.lora import uses_adapters
 from embforge.modeling.padding import sort_by_length, token_budget_chunks
@@ -165,7 +166,7 @@ def _attend(qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: La
         if drop is None or masks is None:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
         else:
-            context = _written_attention(q, k, v, g.key_mask, drop, masks.attention_scale, scale)
+            context = dropped_attention(q, k, v, g.key_mask, drop, masks.attention_scale, scale)
         context = context.transpose(1, 2).reshape(g.texts * g.width, hidden)
         outputs.append(context if g.slots is None else context.index_select(0, g.slots))
         first += g.texts
@@ -180,26 +181,6 @@ def _blocks(x: Tensor, g: _AttentionGroup, parts: int, heads: int) -> tuple[Tens
         rows = rows.new_zeros(g.texts * g.width, x.shape[1]).index_copy(0, g.slots, rows)
     head_dim = x.shape[1] // parts // heads
     return rows.view(g.texts, g.width, parts, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-
-
-def _written_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    key_mask: Tensor | None,
-    drop: Tensor | None,
-    keep_scale: float,
-    scale: float,
-) -> Tensor:
-    """``softmax(q kᵀ · scale, masked) v`` with dropout: the probabilities under ``drop`` are zeroed and the
-    result scaled by ``keep_scale`` (on the small ``(…, head_dim)`` output rather than the probabilities)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if key_mask is not None:
-        scores = scores.masked_fill(~key_mask, float("-inf"))
-    probs = scores.softmax(dim=-1)
-    if drop is None:
-        return torch.matmul(probs, v)
-    return torch.matmul(probs.masked_fill(drop, 0.0), v) * keep_scale
 
 
 def _add_norm(block: Any, x: Tensor, residual: Tensor, keep: Tensor | None) -> Tensor:
@@ -322,8 +303,10 @@ def _attend_first(
         k, v = _blocks(kv, g, 2, heads)
         query = q[first : first + g.texts].view(g.texts, heads, 1, hidden // heads)
         drop = None if masks is None else masks.attention(first, g.texts, g.width)
-        keep_scale = 1.0 if masks is None else masks.attention_scale
-        context = _written_attention(query, k, v, g.key_mask, drop, keep_scale, scale)  # (texts, heads, 1, d)
+        if drop is None or masks is None:  # inference, or no attention dropout
+            context = written_attention(query, k, v, g.key_mask, None, 1.0, scale)  # (texts, heads, 1, d)
+        else:
+            context = dropped_attention(query, k, v, g.key_mask, drop, masks.attention_scale, scale)
         outputs.append(context.reshape(g.texts, hidden))
         first += g.texts
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -28,6 +28,7 @@ import re
 import shutil
 import uuid
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,7 @@ def save_checkpoint(
     *,
     model: Any,
     losses: torch.nn.ModuleList,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    scaler: Any,
+    trainer: Mapping[str, Any],
     progress: dict[str, Any],
     keep: int = 1,
 ) -> Path:
@@ -110,9 +109,9 @@ def save_checkpoint(
         folder: The run's ``checkpoints`` folder.
         model: Saved with its own ``save`` into ``model/``.
         losses: The tasks' losses (their learnable parameters, e.g. a temperature).
-        optimizer: Its ``state_dict`` goes into ``trainer_state.pt``, with the scheduler's and the scaler's.
-        scheduler: The learning-rate scheduler.
-        scaler: The fp16 gradient scaler (disabled ones too).
+        trainer: The training objects with a ``state_dict`` by name (``optimizer``, ``scheduler``, ``scaler``:
+            the fp16 gradient scaler, disabled ones too); their states go into ``trainer_state.pt`` under those
+            names, with the RNG state under ``rng``.
         progress: The trainer's progress (``step`` at least). A ``run_id`` is added on the first save of a run
             (``run.json``'s when :func:`start_run` wrote one, else a new id) and travels with it through resumes:
             it is what tells this run's checkpoints from an earlier run's.
@@ -127,15 +126,8 @@ def save_checkpoint(
         model.save(tmp / "model")
         loss_state = {k: v.detach().cpu().contiguous() for k, v in losses.state_dict().items()}
         save_file(loss_state, str(tmp / "losses.safetensors"))
-        torch.save(
-            {
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(),
-                "rng": rng_state(),
-            },
-            tmp / "trainer_state.pt",
-        )
+        states = {name: part.state_dict() for name, part in trainer.items()}
+        torch.save({**states, "rng": rng_state()}, tmp / "trainer_state.pt")
         (tmp / "progress.json").write_text(json.dumps(progress, indent=2) + "\n", encoding="utf-8")
         _write_manifest(tmp, run_id=run_id, step=int(progress["step"]))
 

@@ -169,6 +169,11 @@ def train(
     # padded tokens per forward chunk: small on CPU (less padding beats bigger matrices), large on GPUs
     chunk_tokens = config.chunk_tokens or (512 if device.type == "cpu" else 16384)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    trainer: dict[str, Any] = {
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "scaler": scaler,
+    }  # checkpointed by name
 
     def backward(loss: torch.Tensor) -> None:  # fp16 loss scaling, and the mean over accumulated micro-steps
         scaler.scale(loss / config.grad_accum).backward()
@@ -181,9 +186,8 @@ def train(
         state, loss_state, progress = load_trainer_state(resume_from)
         model.load_state_dict(type(model).load(resume_from / "model").state_dict())
         losses.load_state_dict(loss_state)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
+        for name, part in trainer.items():
+            part.load_state_dict(state[name])
         set_rng_state(state["rng"])
         if main:
             _log(out, {"event": "resume", "from": resume_from.name, **progress})
@@ -311,9 +315,7 @@ def train(
                 checkpoints,
                 model=model,
                 losses=losses,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                scaler=scaler,
+                trainer=trainer,
                 progress=progress,
                 keep=config.keep_checkpoints,
             )

@@ -109,13 +109,7 @@ class DynamicWeights:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (weights, the current window and the last means)."""
-        return {
-            "weights": self.weights,
-            "sums": self.sums,
-            "counts": self.counts,
-            "means": self.means,
-            "initial": self.initial,
-        }
+        return {name: getattr(self, name) for name in ("weights", "sums", "counts", "means", "initial")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["weights"]) != len(self.weights):

@@ -1,0 +1,29 @@
+"""The PyTorch side that bi-encoders and cross-encoders share: a Hugging Face backbone, its device, checkpointing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from embforge.modeling.padding import set_backbone_checkpointing
+
+
+class TransformerModule(nn.Module):
+    """Base of :class:`~embforge.encoder.Encoder` and :class:`~embforge.cross_encoder.CrossEncoder`: a module
+    around one Hugging Face ``backbone``, on one device, whose layers may be recomputed in the backward pass."""
+
+    backbone: Any  # the Hugging Face model (``.config`` and its modules)
+    checkpointing: bool = False  # read by the padding-free forward: checkpoint each layer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each layer in the backward pass instead of keeping its activations (less memory, ~1/3 more
+        compute): the padding-free forward checkpoints its layers, the Hugging Face forward uses the backbone's
+        own ``gradient_checkpointing_enable``."""
+        self.checkpointing = enabled
+        set_backbone_checkpointing(self.backbone, enabled)
