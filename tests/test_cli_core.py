@@ -111,29 +111,9 @@ def test_zero_shot_minilm_on_stsb_test(capsys):
 def test_train_takes_the_cached_step_and_checkpointing_flags(tmp_path, tiny_model_dir, sts_csv, capsys):
     """``--mini-batch-size`` and ``--gradient-checkpointing`` (issue #13) reach the run's TrainConfig."""
     out = tmp_path / "out"
-    code = main(
-        [
-            "train",
-            "--model",
-            str(tiny_model_dir),
-            "--train",
-            str(sts_csv),
-            "--loss",
-            "infonce",
-            "--batch-size",
-            "16",
-        ]
-        + [
-            "--mini-batch-size",
-            "4",
-            "--gradient-checkpointing",
-            "--max-steps",
-            "1",
-            "--output",
-            str(out),
-            "--quiet",
-        ]
-    )
+    flags = f"--model {tiny_model_dir} --train {sts_csv} --output {out} --loss infonce --batch-size 16"
+    flags += " --mini-batch-size 4 --gradient-checkpointing --max-steps 1 --quiet"
+    code = main(["train", *flags.split()])
     assert code == 0
     card = next(out.rglob("README.md")).read_text()
     assert "mini_batch_size" in card and "gradient_checkpointing" in card
