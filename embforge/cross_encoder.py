@@ -66,6 +66,7 @@ class CrossEncoder(Tokenized, TransformerModule):
     """
 
     name_or_path: str | None = None  # set by load()
+    peft_slot = ("model", "SEQ_CLS")  # peft keeps the classification head fully trainable (modules_to_save)
 
     def __init__(
         self, model: Any, tokenizer: Any, *, max_seq_length: int = 512, activation: str | None = None

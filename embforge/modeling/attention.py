@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_CHUNK_ELEMENTS = (
-    1 << 20
-)  # probabilities per chunk (4 MB in fp32): texts are processed in groups of about this
+# probabilities per chunk (4 MB in fp32): texts are processed in groups of about this many
+_CHUNK_ELEMENTS = 1 << 20
 
 
 def dropped_attention(

@@ -99,11 +99,10 @@ def uses_adapters(module: Any) -> bool:
 
 
 def _slot(model: Any) -> tuple[str, str | None]:
-    """``(attribute holding the HF module, peft task type)`` for an Encoder or a CrossEncoder."""
-    if hasattr(model, "model") and hasattr(model, "score_ids"):  # first: its ``backbone`` is ``model`` too
-        return "model", "SEQ_CLS"  # peft keeps the classification head fully trainable (modules_to_save)
-    if hasattr(model, "backbone"):
-        return "backbone", None
+    """``(attribute holding the HF module, peft task type)``: the model's ``peft_slot``."""
+    slot = getattr(model, "peft_slot", None)
+    if slot is not None:
+        return slot
     raise TypeError(f"apply_lora needs an Encoder or a CrossEncoder, got {type(model).__name__}")
 
 

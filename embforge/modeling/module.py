@@ -15,6 +15,8 @@ class TransformerModule(nn.Module):
     around one Hugging Face ``backbone``, on one device, whose layers may be recomputed in the backward pass."""
 
     backbone: Any  # the Hugging Face model (``.config`` and its modules)
+    # where LoRA adapters go (embforge.modeling.lora): the attribute holding the HF model, and peft's task type
+    peft_slot: tuple[str, str | None] = ("backbone", None)
     checkpointing: bool = False  # read by the padding-free forward: checkpoint each layer
 
     @property

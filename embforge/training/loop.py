@@ -169,11 +169,8 @@ def train(
     # padded tokens per forward chunk: small on CPU (less padding beats bigger matrices), large on GPUs
     chunk_tokens = config.chunk_tokens or (512 if device.type == "cpu" else 16384)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    trainer: dict[str, Any] = {
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "scaler": scaler,
-    }  # checkpointed by name
+    # what a checkpoint saves and a resume restores, by name
+    trainer: dict[str, Any] = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
 
     def backward(loss: torch.Tensor) -> None:  # fp16 loss scaling, and the mean over accumulated micro-steps
         scaler.scale(loss / config.grad_accum).backward()
