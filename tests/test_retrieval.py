@@ -116,6 +116,14 @@ def test_encoding_resumes_without_re_encoding(tiny_encoder, tmp_path):
     assert sum(calls) == 30
 
 
+def test_cached_ids_round_trip_any_character(tiny_encoder, tmp_path):
+    # ids are strings from the user's corpus: a line separator (U+2028, \x85, \r, \n) inside one must not split it
+    ids = ["plain", "with\u2028separator", "nel\x85id", "cr\rid", "nl\nid", "tab\tid"]
+    texts = [f"document number {i}" for i in range(len(ids))]
+    encode_corpus(tiny_encoder, texts, ids, tmp_path / "enc", show_progress=False)
+    assert load_encoded(tmp_path / "enc")[0] == ids
+
+
 def test_search_run_and_evaluation_agree(tiny_encoder, tmp_path):
     data = load_beir(_beir(tmp_path / "beir"))
     run = search_run(tiny_encoder, data, depth=5)

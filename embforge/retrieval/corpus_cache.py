@@ -3,7 +3,7 @@
 Layout of the output folder::
 
     embeddings.npy   (n, dim) float32, written in place through a memory map
-    ids.txt          one document id per line, in the rows' order
+    ids.jsonl        one document id per line (a JSON string), in the rows' order
     progress.json    which blocks are written, and a fingerprint of (ids, texts, model, dim)
 
 Documents are ordered by length (characters, a cheap proxy for tokens) and cut into blocks of ``block_size``
@@ -27,11 +27,11 @@ import numpy as np
 
 from embforge.modeling.precision import autocast_tag
 from embforge.progress import progress_bar, progress_enabled
+from embforge.retrieval.index.base import read_ids, write_ids
 from embforge.retrieval.sharded import broadcast_from_main, is_main, is_sharded, share_rows, unwrapped
 from embforge.training.checkpoints import write_text_atomic
 
 EMBEDDINGS = "embeddings.npy"
-IDS = "ids.txt"
 PROGRESS = "progress.json"
 
 
@@ -77,7 +77,7 @@ def encode_corpus(
     Args:
         model: an :class:`~embforge.encoder.Encoder` (anything with ``encode`` and ``dim``).
         texts: the documents, aligned with ``ids``.
-        ids: document ids (written to ``ids.txt``).
+        ids: document ids (written to ``ids.jsonl``).
         out_dir: the output folder (created).
         batch_size: texts per forward pass.
         block_size: texts per written, resumable block.
@@ -110,7 +110,7 @@ def encode_corpus(
     elif done is None:
         done = set()
         matrix = np.lib.format.open_memmap(emb_path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
-        (out / IDS).write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
+        write_ids(out, ids)
         _save_progress(out, tag, block_size, len(blocks), done)
     else:
         matrix = np.load(emb_path, mmap_mode="r+")
@@ -161,8 +161,7 @@ def load_encoded(out_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:
             f"{out}: corpus encoding is incomplete ({len(progress['done'])}/{progress['blocks']} blocks); "
             "run the encoding again to resume it"
         )
-    ids = (out / IDS).read_text(encoding="utf-8").splitlines()
-    return ids, np.load(out / EMBEDDINGS, mmap_mode="r")
+    return read_ids(out), np.load(out / EMBEDDINGS, mmap_mode="r")
 
 
 def _done_blocks(out: Path, tag: str, blocks: int, block_size: int) -> set[int] | None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from embforge.files import append_jsonl
 from embforge.modeling.lora import merge_lora, uses_adapters
 from embforge.modeling.precision import amp_dtype
 from embforge.training.artifacts import finalize_run
@@ -265,12 +266,12 @@ def train(
             reweighted = dynamic.step(step)
             progress["dynamic_weights"] = dynamic.state_dict()
             if reweighted is not None:
-                _append_jsonl(metrics_file, reweighted)
+                append_jsonl(metrics_file, reweighted)
         if step % config.log_every == 0 or step == total_steps:
             mean_loss = float(np.mean(running))
             running = []
             bar.set_postfix(loss=f"{mean_loss:.4f}")
-            _append_jsonl(
+            append_jsonl(
                 metrics_file,
                 {
                     "step": step,
@@ -292,7 +293,7 @@ def train(
             assert evaluator is not None
             last_metrics = evaluator(model)
             model.train()
-            _append_jsonl(metrics_file, {"step": step, "eval": last_metrics})
+            append_jsonl(metrics_file, {"step": step, "eval": last_metrics})
             metric = config.metric or primary_metric(last_metrics)
             value = last_metrics.get(metric) if metric is not None else None
             if value is not None and (progress["best"] is None or value > progress["best"]["value"]):
@@ -355,10 +356,5 @@ def train(
     return summary
 
 
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
-
-
 def _log(out: Path, record: dict[str, Any]) -> None:
-    _append_jsonl(out / "metrics.jsonl", record)
+    append_jsonl(out / "metrics.jsonl", record)
