@@ -70,18 +70,23 @@ def run_merge(args: argparse.Namespace) -> None:
     mergers = {
         "linear": lambda: Merger([args.base, args.specialist]),
         "ties": lambda: Merger([args.specialist], method="ties", base=args.base, density=args.density),
+        # task arithmetic with the task vector scaled by depth (LiNeS): embeddings at alpha, last layer at w
+        "lines": lambda: Merger(
+            [args.specialist], method="task_arithmetic", base=args.base, layer_scaling=args.alpha
+        ),
     }
     for method in args.methods.split(","):
         merger = None
+        label = f"lines a={args.alpha:g}" if method == "lines" else method
         for w in grid:
-            if (method, w) in done or (method == "ties" and w == 0.0):  # ties at 0 is the base (linear at 0)
+            if (label, w) in done or (method != "linear" and w == 0.0):  # w = 0 is the base (linear at 0)
                 continue
             merger = merger or mergers[method]()
             model = merger.merge([1 - w, w] if method == "linear" else [w])
             started = time.perf_counter()
             s = evaluate_sts(model, sts)["spearman"]
             r = evaluate_retrieval(model, scifact, metrics=["ndcg@10"], batch_size=32)["ndcg@10"]
-            row = {"method": method, "w": w, "sts": s, "ndcg@10": r, "seconds": time.perf_counter() - started}
+            row = {"method": label, "w": w, "sts": s, "ndcg@10": r, "seconds": time.perf_counter() - started}
             row["docs"] = len(scifact.doc_ids)
             print(json.dumps(row), flush=True)
             with results.open("a") as handle:
@@ -118,7 +123,7 @@ def run_plot(args: argparse.Namespace) -> None:
     both = []
     for method, points in sorted(by_method.items()):
         points.sort(key=lambda r: r["w"])
-        if method == "ties":
+        if method != "linear":
             points = [base, *points]
         for p in points:
             kept = (p["sts"] - base["sts"]) / gain if gain else float("nan")
@@ -139,7 +144,7 @@ def run_plot(args: argparse.Namespace) -> None:
         fig, ax = plt.subplots(figsize=(6, 4.5))
         for method, points in sorted(by_method.items()):
             points = sorted(points, key=lambda r: r["w"])
-            if method == "ties" and points[0]["w"] > 0:
+            if method != "linear" and points[0]["w"] > 0:
                 points = [base, *points]
             ax.plot([p["ndcg@10"] for p in points], [p["sts"] for p in points], "o-", label=method)
             for p in points:
@@ -197,6 +202,9 @@ def main() -> None:
     merge.add_argument("--methods", default="linear,ties")
     merge.add_argument("--grid", default=GRID)
     merge.add_argument("--density", type=float, default=0.2)
+    merge.add_argument(
+        "--alpha", type=float, default=0.0, help="lines: the embeddings' share of the task vector"
+    )
     merge.add_argument("--eval-docs", type=int, default=None)
     merge.add_argument("--check-task-arithmetic", action="store_true")
     merge.add_argument("--out", default="runs/distill_merge")

@@ -20,6 +20,12 @@ method               merged weights
 With one fine-tuned model and its base, ``task_arithmetic`` at weight ``w`` is ``linear`` with weights
 ``(1-w, w)``; ``ties`` differs by trimming the small entries of the task vector.
 
+``layer_scaling=alpha`` (``--layer-scaling``, methods with a base) scales each tensor's task-vector coefficients by
+its depth, as LiNeS does (Wang et al., 2025): :math:`\alpha + (1-\alpha)\,d` with :math:`d = 0` for the
+embeddings, :math:`(\ell+1)/L` for layer :math:`\ell` of :math:`L` and 1 for what follows the last layer (pooler,
+final norm, Dense). Shallow layers, which hold the general features, stay near the base (what fine-tuning on
+one task should not overwrite), the top layers take the full task vector.
+
 What decides the output besides the weights — pooling, normalisation, the Dense projection's shape,
 ``max_seq_length``, prompts, similarity function and Matryoshka settings (``config_sentence_transformers.json``
 keys) — is carried over and must agree across the inputs (an error names the first disagreement).
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -102,6 +109,18 @@ def trim_top(tensor: Tensor, density: float) -> Tensor:
     return mask.reshape(tensor.shape)
 
 
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def layer_depths(keys: Sequence[str]) -> dict[str, float]:
+    """Each weight's depth in [0, 1]: embeddings 0, layer ``l`` of ``L`` ``(l+1)/L``, what follows the layers 1."""
+    index = {k: int(m.group(1)) for k in keys if (m := _LAYER.search(k))}
+    if not index:
+        raise ValueError("layer scaling: no numbered layers (`layer.N.` / `layers.N.`) in the weights' names")
+    layers = max(index.values()) + 1
+    return {k: (index[k] + 1) / layers if k in index else 0.0 if "embed" in k else 1.0 for k in keys}
+
+
 def merge_state_dicts(
     states: Sequence[dict[str, Tensor]],
     weights: Sequence[float],
@@ -109,6 +128,7 @@ def merge_state_dicts(
     method: str = "linear",
     base: dict[str, Tensor] | None = None,
     density: float = 0.2,
+    layer_scaling: float | None = None,
 ) -> dict[str, Tensor]:
     """Merge state dicts of one architecture (see the module docstring for the formulas).
 
@@ -118,6 +138,7 @@ def merge_state_dicts(
         method: ``linear``, ``task_arithmetic`` or ``ties``.
         base: The base model's state dict (needed by ``task_arithmetic`` and ``ties``).
         density: ``ties``: fraction of each task vector's entries kept (by magnitude).
+        layer_scaling: ``alpha`` of the depth scaling of the task vectors (``None``: off; needs a base).
     """
     if method not in METHODS:
         raise ValueError(f"unknown merge method {method!r}; choose one of {', '.join(METHODS)}")
@@ -134,7 +155,10 @@ def merge_state_dicts(
         raise ValueError(f"{method} merging needs the base model the others were fine-tuned from (--base)")
     if not 0 < density <= 1:
         raise ValueError(f"density must be in (0, 1], got {density}")
+    if layer_scaling is not None and (base is None or not 0 <= layer_scaling <= 1):
+        raise ValueError(f"layer scaling needs a base model and an alpha in [0, 1], got {layer_scaling}")
     reference = base if base is not None else states[0]
+    depth = layer_depths(list(reference)) if layer_scaling is not None else {}
     for i, state in enumerate(states):
         if state.keys() != reference.keys():
             missing = sorted(set(reference) ^ set(state))[:3]
@@ -155,6 +179,8 @@ def merge_state_dicts(
         coefficients = _coefficients(
             tensors, weights, method, base[key] if base is not None else None, density
         )
+        if layer_scaling is not None:
+            coefficients = [c * (layer_scaling + (1 - layer_scaling) * depth[key]) for c in coefficients]
         out = sum(
             (c * t.float() for c, t in zip(coefficients, tensors)), torch.zeros_like(ref, dtype=torch.float32)
         )
@@ -190,6 +216,7 @@ class Merger:
         method: ``linear``, ``task_arithmetic`` or ``ties``.
         base: The base model (``task_arithmetic``, ``ties``).
         density: ``ties``: fraction of each task vector kept.
+        layer_scaling: ``alpha`` of the depth scaling of the task vectors (LiNeS; ``None``: off).
     """
 
     def __init__(
@@ -199,6 +226,7 @@ class Merger:
         method: str = "linear",
         base: str | os.PathLike | None = None,
         density: float = 0.2,
+        layer_scaling: float | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown merge method {method!r}; choose one of {', '.join(METHODS)}")
@@ -213,7 +241,7 @@ class Merger:
         self.settings = check_compatible(
             [model_settings(m, f) for m, f in zip(everything, folders)], list(map(str, folders))
         )
-        self.method, self.density = method, density
+        self.method, self.density, self.layer_scaling = method, density, layer_scaling
         self.names = [str(m) for m in models]
         self.states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in loaded]
         self.base = None if base_model is None else base_model.state_dict()
@@ -228,7 +256,12 @@ class Merger:
         """
         weights = list(weights) if weights is not None else [1.0 / len(self.states)] * len(self.states)
         merged = merge_state_dicts(
-            self.states, weights, method=self.method, base=self.base, density=self.density
+            self.states,
+            weights,
+            method=self.method,
+            base=self.base,
+            density=self.density,
+            layer_scaling=self.layer_scaling,
         )
         self.model.load_state_dict(merged)
         return self.model

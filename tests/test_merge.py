@@ -65,6 +65,30 @@ def test_linear_and_task_arithmetic_by_hand(folders: tuple[Path, Path, Path]) ->
     assert torch.allclose(averaged[key], (sa[key] + sb[key]) / 2, atol=1e-6)
 
 
+def test_layer_scaling_keeps_shallow_layers_near_the_base(folders: tuple[Path, Path, Path]) -> None:
+    base, a, _ = folders
+    sa, s0 = _state(a), _state(base)
+    layers = 1 + max(int(k.split("layer.")[1].split(".")[0]) for k in s0 if ".layer." in k)
+    merger = Merger([a], method="task_arithmetic", base=base, layer_scaling=0.0)
+    out = merger.merge([0.8]).state_dict()
+    # alpha 0: embeddings stay the base's, layer l gets (l+1)/L of the task vector, the last layer all of it
+    emb = "backbone.embeddings.word_embeddings.weight"
+    assert torch.equal(out[emb], s0[emb])
+    for layer in range(layers):
+        key = f"backbone.encoder.layer.{layer}.output.dense.weight"
+        expected = s0[key] + 0.8 * (layer + 1) / layers * (sa[key] - s0[key])
+        assert torch.allclose(out[key], expected, atol=1e-6)
+    # alpha 1 is plain task arithmetic; alpha 0.5 puts the embeddings halfway
+    plain = Merger([a], method="task_arithmetic", base=base).merge([0.8]).state_dict()
+    assert _equal(
+        Merger([a], method="task_arithmetic", base=base, layer_scaling=1.0).merge([0.8]).state_dict(), plain
+    )
+    half = Merger([a], method="task_arithmetic", base=base, layer_scaling=0.5).merge([1.0]).state_dict()
+    assert torch.allclose(half[emb], (s0[emb] + sa[emb]) / 2, atol=1e-6)
+    with pytest.raises(ValueError, match="layer scaling needs a base"):
+        merge_state_dicts([sa, s0], [0.5, 0.5], layer_scaling=0.0)
+
+
 def test_ties_trims_elects_signs_and_adds_agreeing_entries() -> None:
     base = {"w": torch.zeros(4)}
     one = {"w": torch.tensor([3.0, -1.0, 0.2, 2.0])}

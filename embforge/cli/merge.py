@@ -26,6 +26,14 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument("--base", default=None, help="base model the others were fine-tuned from")
     parser.add_argument("--density", type=float, default=0.2, help="ties: fraction of each task vector kept")
     parser.add_argument(
+        "--layer-scaling",
+        type=float,
+        default=None,
+        metavar="ALPHA",
+        help="with --base: scale each layer's task vector by ALPHA + (1-ALPHA)*depth (LiNeS: embeddings and "
+        "shallow layers stay near the base, the last layer gets the full weight)",
+    )
+    parser.add_argument(
         "--choose-on",
         default=None,
         metavar="SPEC",
@@ -42,10 +50,18 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 def run_merge(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.merge import Merger, sweep_weights
 
-    merger = Merger(args.models, method=args.method, base=args.base, density=args.density)
+    merger = Merger(
+        args.models,
+        method=args.method,
+        base=args.base,
+        density=args.density,
+        layer_scaling=args.layer_scaling,
+    )
     recipe: dict[str, Any] = {"method": args.method, "models": args.models, "base": args.base}
     if args.method == "ties":
         recipe["density"] = args.density
+    if args.layer_scaling is not None:
+        recipe["layer_scaling"] = args.layer_scaling
     result: dict[str, Any] = {"output": args.output}
     weights: list[float] | None
     if args.choose_on:
