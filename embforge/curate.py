@@ -10,9 +10,9 @@ step                removes a row when
                     row's (the earlier row is kept)
 ``leakage``         one of its texts, normalised, appears in an evaluation file (or, with ``leak_threshold``,
                     is a MinHash near-duplicate of one)
-``near``            it is a near-duplicate of an earlier kept row: character-shingle Jaccard ≥
-                    ``near_threshold`` (``near="minhash"``) or embedding cosine ≥ ``near_threshold``
-                    (``near="embedding"``, needs ``model``)
+``near``            it is a near-duplicate of an earlier kept row: character-shingle Jaccard
+                    (``near="minhash"``) or embedding cosine (``near="embedding"``, needs ``model``), each
+                    text column compared with its own and averaged, ≥ ``near_threshold``
 ``consistency``     (``anchor, positive`` rows; needs ``model``) its positive is not in the anchor's top
                     ``top_k`` among every positive/negative text of the file — unless a cross-encoder
                     (``cross_encoder``) scores the pair ≥ ``cross_threshold`` (then it is kept, and counted)
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from embforge.data.dedup import near_duplicate_pairs, normalise
+from embforge.data.dedup import jaccard, near_duplicate_pairs, normalise, shingles
 from embforge.data.tables import Dataset, read_table
 
 STEPS = ("exact", "leakage", "near", "consistency", "cross")
@@ -93,10 +93,6 @@ class CurateReport:
         return {**self.summary(), "rows": self.removed}
 
 
-def _row_text(data: Dataset, row: int) -> str:
-    return " || ".join(data.columns[c][row] for c in data.text_columns)
-
-
 def curate(data: Dataset, config: CurateConfig, *, show_progress: bool = False) -> CurateReport:
     """Run the configured steps over ``data`` (see the module docstring); return what was kept and removed."""
     n = len(data)
@@ -127,9 +123,7 @@ def curate(data: Dataset, config: CurateConfig, *, show_progress: bool = False) 
     model = _load_encoder(config.model) if config.model else None
     if config.near == "minhash":
         rows = np.flatnonzero(alive).tolist()
-        for i, j, score in near_duplicate_pairs(
-            [_row_text(data, r) for r in rows], threshold=config.near_threshold
-        ):
+        for i, j, score in _near_by_shingles(data, rows, config.near_threshold):
             if alive[rows[i]] and alive[rows[j]]:
                 drop(
                     int(rows[j]),
@@ -213,17 +207,49 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def _near_by_shingles(data: Dataset, rows: list[int], threshold: float) -> list[tuple[int, int, float]]:
+    """``(i, j, similarity)`` (indices into ``rows``, ``i < j``) whose per-column shingle Jaccard, averaged over
+    the text columns, is ``>= threshold``.
+
+    Each column weighs the same whatever its length: two pairs that share a long positive but have different
+    anchors (several claims citing one abstract) are different training pairs, although their concatenated texts
+    are nearly equal. A mean of ``threshold`` over ``C`` columns needs every column at ``C·threshold - (C-1)`` or
+    more, so the first column's MinHash pairs at that bound are the candidates, confirmed column by column.
+    """
+    columns = data.text_columns
+    bound = max(len(columns) * threshold - (len(columns) - 1), 0.05)
+    first = [data.columns[columns[0]][r] for r in rows]
+    found = []
+    for i, j, _ in near_duplicate_pairs(first, threshold=bound):
+        score = float(
+            np.mean(
+                [
+                    jaccard(shingles(data.columns[c][rows[i]]), shingles(data.columns[c][rows[j]]))
+                    for c in columns
+                ]
+            )
+        )
+        if score >= threshold:
+            found.append((i, j, score))
+    return sorted(found, key=lambda pair: (pair[1], pair[0]))
+
+
 def _near_by_embedding(
     data: Dataset, model: Any, config: CurateConfig, alive: np.ndarray, drop: Any, show_progress: bool
 ) -> None:
+    """Drop rows whose per-column embedding cosine, averaged over the text columns, reaches ``near_threshold``
+    against an earlier kept row (each column weighs the same, as in :func:`_near_by_shingles`)."""
     rows = np.flatnonzero(alive).tolist()
-    emb = _unit(
-        model.encode(
-            [_row_text(data, r) for r in rows], batch_size=config.batch_size, show_progress=show_progress
+    embs = [
+        _unit(
+            model.encode(
+                [data.columns[c][r] for r in rows], batch_size=config.batch_size, show_progress=show_progress
+            )
         )
-    )
+        for c in data.text_columns
+    ]
     for start in range(0, len(rows), 1024):  # blocks of rows against every earlier row
-        block = emb[start : start + 1024] @ emb[: start + 1024].T
+        block = np.mean([e[start : start + 1024] @ e[: start + 1024].T for e in embs], axis=0)
         for k in range(block.shape[0]):
             i = start + k
             if not alive[rows[i]]:

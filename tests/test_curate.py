@@ -128,6 +128,46 @@ def test_consistency_filter_and_cross_encoder_rescue(train_file: Path) -> None:
     assert [(r["line"], r["step"]) for r in only_cross.removed] == [(7, "cross"), (8, "cross")]
 
 
+ABSTRACT = (
+    "Interleukin 12 exerts a potent proinflammatory effect by stimulating T helper 1 responses; mice lacking the "
+    "interferon gamma receptor develop severe experimental autoimmune myocarditis after immunisation. "
+    "Cardiac myosin peptides were given with adjuvant; hearts were scored for infiltrates after three weeks, "
+    "and cytokine levels in serum and heart tissue were measured by ELISA and quantitative PCR in each group. "
+    "Blocking antibodies against the cytokine reduced the disease score, while recombinant cytokine raised it."
+) * 3
+
+
+def test_pairs_sharing_a_long_positive_are_not_near_duplicates(tmp_path: Path) -> None:
+    # found on SciFact: several claims cite the same abstract; the concatenated row texts are then > 0.9 alike
+    # (the long positive dominates the shingles), but the pairs teach different things
+    rows = [
+        ("IL-12 drives myocarditis in mice.", ABSTRACT),
+        ("Interferon gamma protects mice from myocarditis.", ABSTRACT),
+        ("IL-12 drives myocarditis in mice!", ABSTRACT + " "),  # a real near-duplicate of line 1
+    ]
+    path = tmp_path / "shared.jsonl"
+    path.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in rows))
+    report = curate(read_table(path), CurateConfig(exact=False))
+    assert [(r["line"], r["step"], r["duplicate_of"]) for r in report.removed] == [(3, "near", 1)]
+    by_embedding = curate(
+        read_table(path), CurateConfig(exact=False, near="embedding", near_threshold=0.99, model=WordModel())
+    )
+    assert [(r["line"], r["duplicate_of"]) for r in by_embedding.removed] == [(3, 1)]
+
+
+class WordModel:
+    """Bag-of-words vectors (a stand-in bi-encoder whose cosine follows the shared words)."""
+
+    def encode(self, texts: list[str], **kwargs: Any) -> np.ndarray:
+        words = sorted({w for t in texts for w in normalise(t).split()})
+        index = {w: i for i, w in enumerate(words)}
+        out = np.zeros((len(texts), len(words)), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for w in normalise(text).split():
+                out[i, index[w]] += 1.0
+        return out
+
+
 def test_curate_cli_writes_kept_rows_and_the_report(
     train_file: Path, eval_file: Path, tmp_path: Path
 ) -> None:
