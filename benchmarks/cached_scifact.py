@@ -71,16 +71,21 @@ def one(args: argparse.Namespace, batch: int, mini: int, seed: int) -> dict:
     return result
 
 
-def main() -> None:
+def recipe_arguments(description: str, out: str) -> argparse.Namespace:
+    """The command line of the SciFact training benchmarks: output folder, seeds and the shared recipe."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", default="runs/cached-scifact")
+    parser.add_argument("--out", default=out)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--max-seq-length", type=int, default=128)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = recipe_arguments(__doc__, "runs/cached-scifact")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = {(32, 0): [], (256, 32): []}

@@ -17,7 +17,6 @@ curation's precision and recall against the planted rows and its run time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -25,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from cached_scifact import EMBFORGE, run, train_and_score
+from cached_scifact import EMBFORGE, recipe_arguments, run, train_and_score
 
 from embforge.data.builtin.scifact import load_scifact
 from embforge.data.retrieval import training_pairs
@@ -102,15 +101,7 @@ def curate_noisy(out: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", default="runs/curate-scifact")
-    parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--max-seq-length", type=int, default=128)
-    args = parser.parse_args()
+    args = recipe_arguments(__doc__, "runs/curate-scifact")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "planted.json").exists():
