@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -41,6 +43,9 @@ class EmbeddingLoss(nn.Module):
     def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
         """Turn a whole data set's labels into what ``forward`` expects (called once per task)."""
         return labels
+
+    def start_from(self, model: Any, data: Any) -> None:
+        """Set data-dependent starting values before training (called once per task with the model to train)."""
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:  # pragma: no cover
         raise NotImplementedError

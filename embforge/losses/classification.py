@@ -11,6 +11,7 @@ Three losses, all on L2-normalised embeddings so they train the geometry that co
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,10 @@ class PrototypeLoss(LabelledTextLoss):
     parameters   ``num_labels × dim`` prototypes, trained with the encoder, not saved with it
     ============ ==========================================
 
+    A task's prototypes start at each class's normalised mean embedding under the model being trained
+    (:meth:`start_from`): random ones, trained at the encoder's learning rate, barely move in a fine-tuning run
+    and drag every text towards a random direction.
+
     Prototypes are sliced to the embedding's size, so the loss can be wrapped by Matryoshka (each prefix is
     classified against the prototypes' prefix).
 
@@ -72,6 +77,16 @@ class PrototypeLoss(LabelledTextLoss):
                 f"labels must be in [0, {self.num_labels}), found {labels.min()}..{labels.max()}"
             )
         return labels
+
+    def start_from(self, model: Any, data: Any) -> None:
+        """Each class's prototype := the normalised mean of its texts' normalised embeddings (absent classes keep
+        their random start)."""
+        labels = torch.as_tensor(self.prepare_labels(data.labels())).long()
+        embeddings = torch.as_tensor(model.encode(data.texts()[0], normalize=True, show_progress=False))
+        sums = torch.zeros(self.num_labels, embeddings.shape[1]).index_add_(0, labels, embeddings)
+        present = torch.bincount(labels, minlength=self.num_labels) > 0
+        with torch.no_grad():
+            self.prototypes[present] = F.normalize(sums[present], dim=-1).to(self.prototypes)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         e, y = _check(embeddings, labels, self.name)

@@ -44,6 +44,9 @@ class MatryoshkaLoss(EmbeddingLoss):
     def prepare_labels(self, labels):  # noqa: ANN001, ANN201
         return self.inner.prepare_labels(labels)
 
+    def start_from(self, model, data):  # noqa: ANN001, ANN201
+        self.inner.start_from(model, data)
+
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         full = embeddings[0].shape[-1]
         total = embeddings[0].new_zeros((), dtype=embeddings[0].float().dtype)

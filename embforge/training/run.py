@@ -87,7 +87,8 @@ def make_loss(
 ) -> Any:
     """The loss ``name`` for ``model``: a cross-encoder loss for a cross-encoder, an embedding loss otherwise.
 
-    The number of classes (``softmax``, ``prototype``) comes from the data's integer labels.
+    The number of classes (``softmax``, ``prototype``) comes from the data's integer labels; the loss then sets
+    its data-dependent starting values from ``model`` (:meth:`~embforge.losses.base.EmbeddingLoss.start_from`).
     """
     options = dict(options or {})
     if is_cross_encoder(model):
@@ -100,7 +101,7 @@ def make_loss(
 
     labels = data.labels()
     num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
-    return get_loss(
+    loss = get_loss(
         name,
         dim=model.dim,
         num_labels=num_labels,
@@ -108,6 +109,9 @@ def make_loss(
         matryoshka_weights=matryoshka_weights,
         **options,
     )
+    if hasattr(model, "encode"):  # a loaded model (a pipeline check passes only its size)
+        loss.start_from(model, data)
+    return loss
 
 
 def is_cross_encoder(model: Any) -> bool:
