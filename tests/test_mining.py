@@ -317,3 +317,26 @@ def test_corpus_cache_is_written_once_and_reused(tiny_encoder, tmp_path, monkeyp
     assert encoded == [len(DOCS), 2, 2]
     for rows in (first, again):
         assert rows.columns == plain.columns
+
+
+def test_rescored_mining_keeps_the_cross_encoder_scores_for_distillation(tmp_path):
+    """`mine --cross-encoder` computed the scores and threw them away; each row now carries them as
+    ``score = [s(q, positive), s(q, negative_1), ...]`` (random negatives scored too), the list that
+    ``embforge score`` writes, so margin_mse / kl_distill train on the mined file without re-scoring."""
+    from embforge.data.tables import read_table
+
+    ce = make_cross_encoder(seed=1)
+    pairs = Dataset("p", {"anchor": [QUERY, "a cat in the park"], "positive": [DOCS[0], DOCS[9]]}, [1, 2])
+    for hard_ratio in (1.0, 0.5):  # the second: one hard and one random negative per row
+        config = MiningConfig(method="bm25", num_negatives=2, hard_ratio=hard_ratio, rescore_depth=6)
+        rows = mine(None, pairs, config, corpus=DOCS, rescorer=ce)
+        assert "score" in rows.columns and len(rows.columns["score"]) == len(rows)
+        for i in range(len(rows)):
+            texts = [rows.columns[c][i] for c in ("positive", "negative_1", "negative_2")]
+            by_hand = ce.predict([(rows.columns["anchor"][i], t) for t in texts])
+            np.testing.assert_allclose(rows.columns["score"][i], by_hand, atol=1e-5)
+        back = read_table(write_jsonl(rows, tmp_path / "mined.jsonl"))
+        labels = back.labels()
+        assert labels is not None and labels.shape == (len(rows), 3)
+    # without a cross-encoder the retriever's scores are not a teacher signal: no score column
+    assert "score" not in mine(None, pairs, MiningConfig(method="bm25", num_negatives=2), corpus=DOCS).columns

@@ -97,7 +97,8 @@ class MiningConfig:
 @dataclass
 class Mined:
     """Negatives per query: ``negatives (q, n)`` corpus positions (-1 where none), their scores (the rescorer's
-    when one was given; NaN for random negatives), the positives' scores, and stats."""
+    for every negative when one was given; else the retriever's, NaN for random negatives), the positives' scores
+    (in the order of the queries' positives), and stats."""
 
     negatives: np.ndarray
     scores: np.ndarray
@@ -192,7 +193,13 @@ def mine_positions(
     if n_random:
         rand = _random_negatives(negatives, pos_keys, n_docs, n_random, config.seed)
         negatives = np.concatenate([negatives, rand], axis=1)
-        neg_scores = np.concatenate([neg_scores, np.full(rand.shape, np.nan, np.float32)], axis=1)
+        rand_scores = np.full(rand.shape, np.nan, np.float32)
+        if rescorer is not None:  # so that every mined row carries a complete teacher signal
+            rows, cols = np.nonzero(rand >= 0)
+            pairs = [(query_texts[q], corpus[d]) for q, d in zip(rows.tolist(), rand[rows, cols].tolist())]
+            if pairs:
+                rand_scores[rows, cols] = rescorer.predict(pairs, batch_size=config.batch_size)
+        neg_scores = np.concatenate([neg_scores, rand_scores], axis=1)
     stats["queries_short"] = int(np.any(negatives < 0, axis=1).sum())
     return Mined(negatives, neg_scores, pos_scores.astype(np.float32), stats)
 
@@ -340,28 +347,39 @@ def mine(
     anchors_out: list[str] = []
     pos_out: list[str] = []
     neg_cols: list[list[str]] = [[] for _ in range(config.num_negatives)]
+    scores_out: list[list[float]] = []  # with a rescorer: [s(q, positive), s(q, negative_1), ...] per row
     dropped = 0
+    pair = 0  # index into mined.positive_scores: the queries' positives, in order
     for qi, (text, pos) in enumerate(zip(query_texts, positives)):
         row = mined.negatives[qi]
+        pair += len(pos)
         if (row < 0).any():
             dropped += len(pos)
             continue
-        for p in pos:
+        for k, p in enumerate(pos):
             anchors_out.append(text)
             pos_out.append(docs[p])
             for j, neg in enumerate(row):
                 neg_cols[j].append(docs[neg])
+            if rescorer is not None:
+                positive = float(mined.positive_scores[pair - len(pos) + k])
+                scores_out.append([positive, *mined.scores[qi].astype(float).tolist()])
     config.stats = {**mined.stats, "rows": len(anchors_out), "rows_dropped": dropped}
     columns: dict[str, list] = {"anchor": anchors_out, "positive": pos_out}
     columns.update({f"negative_{j + 1}": col for j, col in enumerate(neg_cols)})
+    if (
+        rescorer is not None
+    ):  # the teacher signal for margin_mse / kl_distill (the list `embforge score` writes)
+        columns["score"] = scores_out
     return Dataset("mined", columns, list(range(1, len(anchors_out) + 1)))
 
 
 def write_jsonl(data: Dataset, path: str | os.PathLike) -> Path:
-    """Write rows as JSONL with the dataset's text columns (``anchor, positive, negative_1..n``)."""
+    """Write rows as JSONL: the dataset's text columns (``anchor, positive, negative_1..n``) and its score or label
+    column if it has one (a rescored mining's ``score`` lists)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    names = data.text_columns
+    names = data.text_columns + ([data.label_column] if data.label_column else [])
     with out.open("w", encoding="utf-8") as handle:
         for r in range(len(data)):
             handle.write(json.dumps({c: data.columns[c][r] for c in names}, ensure_ascii=False) + "\n")
