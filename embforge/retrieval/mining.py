@@ -349,10 +349,10 @@ def mine(
     neg_cols: list[list[str]] = [[] for _ in range(config.num_negatives)]
     scores_out: list[list[float]] = []  # with a rescorer: [s(q, positive), s(q, negative_1), ...] per row
     dropped = 0
-    pair = 0  # index into mined.positive_scores: the queries' positives, in order
+    # where each query's positives start in mined.positive_scores (the queries' positives, in order)
+    starts = np.cumsum([0, *(len(p) for p in positives)])
     for qi, (text, pos) in enumerate(zip(query_texts, positives)):
         row = mined.negatives[qi]
-        pair += len(pos)
         if (row < 0).any():
             dropped += len(pos)
             continue
@@ -362,14 +362,13 @@ def mine(
             for j, neg in enumerate(row):
                 neg_cols[j].append(docs[neg])
             if rescorer is not None:
-                positive = float(mined.positive_scores[pair - len(pos) + k])
+                positive = float(mined.positive_scores[starts[qi] + k])
                 scores_out.append([positive, *mined.scores[qi].astype(float).tolist()])
     config.stats = {**mined.stats, "rows": len(anchors_out), "rows_dropped": dropped}
     columns: dict[str, list] = {"anchor": anchors_out, "positive": pos_out}
     columns.update({f"negative_{j + 1}": col for j, col in enumerate(neg_cols)})
-    if (
-        rescorer is not None
-    ):  # the teacher signal for margin_mse / kl_distill (the list `embforge score` writes)
+    # the teacher signal for margin_mse / kl_distill (the list `embforge score` writes)
+    if rescorer is not None:
         columns["score"] = scores_out
     return Dataset("mined", columns, list(range(1, len(anchors_out) + 1)))
 
