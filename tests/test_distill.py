@@ -13,6 +13,7 @@ import torch
 from embforge.data.tables import Dataset, read_table
 from embforge.distill import (
     add_projection,
+    fit_projection,
     score_rows,
     teacher_embeddings,
     with_teacher_embeddings,
@@ -109,6 +110,36 @@ def test_projection_trains_with_mse_distill() -> None:
         optim.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_fit_projection_recovers_a_planted_linear_map_and_reports_its_error() -> None:
+    model = _encoder()
+    texts = [
+        f"{w} {v} ."
+        for w in ("a man", "the cat", "one child", "markets")
+        for v in ("runs", "sleeps", "reads")
+    ]
+    pooled = model.encode(texts, normalize=False)  # 32-d, before any projection
+    rng = np.random.default_rng(0)
+    weight, bias = rng.normal(size=(32, 24)), rng.normal(size=24)
+    targets = pooled @ weight + bias
+    add_projection(model, 24)
+    random_error = float(np.mean((model.encode(texts, normalize=False) - targets) ** 2))
+    error = fit_projection(model, texts, targets)
+    outputs = model.encode(texts, normalize=False)
+    assert error == pytest.approx(float(np.mean((outputs - targets) ** 2)), rel=1e-3, abs=1e-6)
+    # 12 texts < 33 unknowns per output: the ridge picks one map; it reproduces the targets all the same
+    np.testing.assert_allclose(outputs, targets, atol=0.05 * np.abs(targets).max())
+    assert error < 1e-3 * random_error
+
+
+def test_fit_projection_needs_a_projection_and_matching_targets() -> None:
+    model = _encoder()
+    with pytest.raises(ValueError, match="add_projection"):
+        fit_projection(model, TEXTS, np.zeros((4, 24)))
+    add_projection(model, 24)
+    with pytest.raises(ValueError, match=r"one 24-d target per text"):
+        fit_projection(model, TEXTS, np.zeros((3, 24)))
 
 
 # ------------------------------------------------------------------ teacher embeddings cache

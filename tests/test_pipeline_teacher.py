@@ -11,7 +11,7 @@ import torch
 
 from embforge.cli import main
 from embforge.data.builtin import DATASETS
-from embforge.distill import add_projection
+from embforge.distill import add_projection, fit_projection
 from embforge.encoder import Encoder
 from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
 from tests.conftest import STS_ROWS as PAIRS
@@ -47,7 +47,7 @@ seed = 3
 
 [[stages]]
 name = "distill"
-lr = 5e-3
+lr = 1e-3
 steps = 5
   [[stages.tasks]]
   name = "sts-distill"
@@ -89,11 +89,16 @@ def test_a_teacher_task_projects_the_student_and_moves_it_toward_the_teacher(tmp
     cached = np.load(entries[0] / "embeddings.npy")
     assert cached.shape == (16, 24)
     np.testing.assert_allclose(cached, teacher.encode(texts), atol=1e-5)
-    # the distilled student (stage 1) is closer to the teacher than the same student, same projection, untrained
+    # the projection started at the least-squares map (not at random), and training moved the student on from it
     start = Encoder.load(tiny_model_dir)
     add_projection(start, 24, seed=3)  # the projection seed is the stage seed
+    random_start = _mse(start, teacher, texts)
+    first = [a for a, _, _ in PAIRS]  # the map is fitted on the task's first text column
+    fit_projection(start, first, teacher.encode(first), seed=3)
+    fitted_start = _mse(start, teacher, texts)
     distilled = Encoder.load(tmp_path / "run" / "stage-1-distill")
-    assert _mse(distilled, teacher, texts) < 0.5 * _mse(start, teacher, texts)
+    assert fitted_start < 0.5 * random_start
+    assert _mse(distilled, teacher, texts) < fitted_start
 
 
 def test_a_run_killed_after_the_distillation_stage_resumes_with_the_projection(tmp_path, tiny_model_dir):

@@ -2,13 +2,16 @@
 
 The teacher embeds the task's texts once (cached on disk by :func:`embforge.distill.with_teacher_embeddings`); those
 embeddings become the rows' labels. A student whose dimension differs from the teacher's gets a learned projection
-(:func:`embforge.distill.add_projection`) before the stage's losses are built.
+(:func:`embforge.distill.add_projection`) before the stage's losses are built, started at the least-squares map
+from its pooled embeddings of the task's texts to the teacher's (:func:`embforge.distill.fit_projection`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from embforge.data.tables import Dataset
 
@@ -65,7 +68,7 @@ def teacher_targets(
     Raises:
         ValueError: When the model already projects to a dimension other than the teacher's.
     """
-    from embforge.distill import add_projection, with_teacher_embeddings
+    from embforge.distill import add_projection, fit_projection, with_teacher_embeddings
     from embforge.encoder import Encoder
 
     if isinstance(teacher, (str, Path)):
@@ -73,13 +76,21 @@ def teacher_targets(
         if str(teacher) not in loaded:
             loaded[str(teacher)] = Encoder.load(teacher, device=str(model.device))
         teacher = loaded[str(teacher)]
-    if int(model.dim) != int(teacher.dim):
+    projected = int(model.dim) != int(teacher.dim)
+    if projected:
         if getattr(model, "dense", None) is not None:
             raise ValueError(
                 f"the model already projects to {model.dim} dimensions but the teacher has {teacher.dim}"
             )
         add_projection(model, int(teacher.dim), seed=seed)
-    return with_teacher_embeddings(text_only(data), teacher, cache_dir=cache_dir, show_progress=show_progress)
+    targeted = with_teacher_embeddings(
+        text_only(data), teacher, cache_dir=cache_dir, show_progress=show_progress
+    )
+    if projected:
+        column = targeted.columns[targeted.text_columns[0]]
+        labels = np.asarray(targeted.columns["score"], dtype=np.float32)
+        fit_projection(model, column, labels if labels.ndim == 2 else labels[:, 0], seed=seed)
+    return targeted
 
 
 def load_weights(model: Any, folder: str | Path) -> None:
