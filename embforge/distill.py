@@ -74,13 +74,14 @@ def fit_projection(
     dense = getattr(model, "dense", None)
     if dense is None:
         raise ValueError("the model has no projection to fit: add one with add_projection first")
-    targets = np.asarray(targets, dtype=np.float64)
+    targets = np.asarray(targets)
     if len(texts) != len(targets) or targets.ndim != 2 or targets.shape[1] != dense.out_features:
         raise ValueError(
             f"fit_projection needs one {dense.out_features}-d target per text; got {len(texts)} texts and "
             f"targets of shape {targets.shape}"
         )
     keep = np.sort(np.random.default_rng(seed).permutation(len(texts))[:max_texts])
+    wanted = targets[keep].astype(np.float64)  # only the sampled rows are converted
     model.dense = None  # pooled embeddings, before the projection and the normalisation
     try:
         pooled = model.encode([texts[i] for i in keep], normalize=False, show_progress=False)
@@ -94,13 +95,13 @@ def fit_projection(
     ridge = 1e-3 * np.trace(gram) / len(gram) * np.eye(len(gram))
     if linear.bias is not None:
         ridge[-1, -1] = 0.0  # the bias is not shrunk
-    solution = np.linalg.solve(gram + ridge, x.T @ targets[keep])  # (in [+ 1], out)
+    solution = np.linalg.solve(gram + ridge, x.T @ wanted)  # (in [+ 1], out)
     with torch.no_grad():
         linear.weight.copy_(torch.as_tensor(solution[: dense.in_features].T, dtype=linear.weight.dtype))
         if linear.bias is not None:
             linear.bias.copy_(torch.as_tensor(solution[-1], dtype=linear.bias.dtype))
     fitted = x @ solution
-    return float(np.mean((fitted - targets[keep]) ** 2))
+    return float(np.mean((fitted - wanted) ** 2))
 
 
 def teacher_tag(teacher: Any) -> str:

@@ -88,7 +88,7 @@ def teacher_targets(
     )
     if projected:
         column = targeted.columns[targeted.text_columns[0]]
-        labels = np.asarray(targeted.columns["score"], dtype=np.float32)
+        labels = np.asarray(targeted.columns["score"])  # (rows, dim) or (rows, columns, dim)
         fit_projection(model, column, labels if labels.ndim == 2 else labels[:, 0], seed=seed)
     return targeted
 
