@@ -10,7 +10,13 @@ from embforge.cli.common import int_list, parse_options
 # flag -> (RunSpec/TrainConfig key, type, help)
 _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--model", "model", str, "model folder or alias (default all-MiniLM-L6-v2)"),
-    ("--model-type", "model_type", str, "bi (default) or cross (cross-encoder: bce/ce/cosent/mse/listwise)"),
+    (
+        "--model-type",
+        "model_type",
+        str,
+        "dense (default; also 'bi'), cross (cross-encoder: bce/ce/cosent/mse/listwise), multivector (ColBERT), "
+        "sparse (SPLADE: an MLM head, loss splade) or static (token-embedding table, e.g. from distill-static)",
+    ),
     ("--eval", "eval", str, "STS file (sentence1, sentence2, score) evaluated during training; best kept"),
     ("--loss", "loss", str, "infonce, simcse, cosent, mse, softmax, contrastive or triplet (default cosent)"),
     ("--output", "output", str, "output folder (default ./output)"),

@@ -39,7 +39,9 @@ class RunSpec:
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
     max_seq_length: int | None = None
-    model_type: str = "bi"  # "bi" (Encoder) or "cross" (CrossEncoder; losses bce, ce, cosent, mse, listwise)
+    # a kind of embforge.kinds.ModelKind: "dense" (Encoder; "bi" also accepted), "cross" (CrossEncoder; losses
+    # bce, ce, cosent, mse, listwise), "multivector", "sparse" or "static"
+    model_type: str = "dense"
     # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
     retrieval_train: str | None = None
     retrieval_split: str = "train"
@@ -161,8 +163,14 @@ def resolved_loss(spec: RunSpec) -> str:
 
 
 def load_model(spec: RunSpec) -> Any:
-    """The model a run starts from: a bi-encoder, or a cross-encoder (a new one-logit head on a bi-encoder)."""
-    if spec.model_type == "cross":
+    """The model a run starts from, of the kind ``spec.model_type`` names (:mod:`embforge.kinds`): a dense
+    bi-encoder, a cross-encoder (a new one-logit head on a bi-encoder), or another kind's class."""
+    from embforge.kinds import ModelKind, model_class, parse_kind
+
+    kind = parse_kind(spec.model_type)
+    if kind not in (ModelKind.DENSE, ModelKind.CROSS):
+        return with_lora(model_class(kind).load(spec.model, max_seq_length=spec.max_seq_length), spec.config)
+    if kind == ModelKind.CROSS:
         from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
 
         num_labels = None
@@ -170,8 +178,6 @@ def load_model(spec: RunSpec) -> Any:
             num_labels = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
         model: Any = CrossEncoder.load(spec.model, num_labels=num_labels, max_seq_length=spec.max_seq_length)
         return with_lora(model, spec.config)
-    if spec.model_type != "bi":
-        raise ValueError(f"model_type must be 'bi' or 'cross', got {spec.model_type!r}")
     from embforge.encoder import Encoder
 
     model = Encoder.load(spec.model, max_seq_length=spec.max_seq_length)
