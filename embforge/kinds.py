@@ -77,6 +77,7 @@ _ST_MODEL_TYPES = {
     "CrossEncoder": ModelKind.CROSS,
     "SparseEncoder": ModelKind.SPARSE,
     "MultiVectorEncoder": ModelKind.MULTIVECTOR,
+    "ColBERT": ModelKind.MULTIVECTOR,  # pylate's ColBERT folders
 }
 _STATIC_MODULE = "StaticEmbedding"
 

@@ -87,7 +87,15 @@ def evaluate_retrieval(
     """Metrics (0–100) of ``model`` on ``data``: cosine similarity, top-``max k`` documents per query.
 
     Only queries with qrels are searched and averaged. Returns the metrics plus ``queries`` and ``documents``.
+    A multi-vector (ColBERT) model is scored by MaxSim instead (``index``: ``exact`` or ``plaid``;
+    :mod:`embforge.multivector.evaluate`).
     """
+    from embforge.kinds import ModelKind, kind_of
+
+    if kind_of(model) == ModelKind.MULTIVECTOR:
+        from embforge.multivector.evaluate import evaluate_multivector
+
+        return evaluate_multivector(model, data, metrics=metrics, batch_size=batch_size, index=index)
     data = data.queries_with_qrels()
     if not data.query_ids:
         raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")

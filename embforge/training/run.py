@@ -99,6 +99,14 @@ def make_loss(
         if matryoshka_dims:
             raise ValueError("matryoshka_dims applies to bi-encoders only; drop it with a cross-encoder")
         return get_cross_loss(name, **options)
+    from embforge.kinds import ModelKind, kind_of
+
+    if kind_of(model) == ModelKind.MULTIVECTOR:  # MaxSim versions of infonce, margin_mse, kl_distill
+        from embforge.losses.late import get_multivector_loss
+
+        if matryoshka_dims:
+            raise ValueError("matryoshka_dims applies to dense bi-encoders only, not to multi-vector models")
+        return get_multivector_loss(name, **options)
     from embforge.losses import get_loss
 
     labels = data.labels()
@@ -159,7 +167,10 @@ def resolved_loss(spec: RunSpec) -> str:
     """The loss a run trains with: ``spec.loss``, else ``infonce`` for retrieval runs and ``cosent`` otherwise."""
     if spec.loss is not None:
         return spec.loss
-    return "infonce" if spec.retrieval_train else "cosent"
+    from embforge.kinds import ModelKind, parse_kind
+
+    multivector = parse_kind(spec.model_type) == ModelKind.MULTIVECTOR
+    return "infonce" if spec.retrieval_train or multivector else "cosent"
 
 
 def load_model(spec: RunSpec) -> Any:

@@ -1,0 +1,136 @@
+"""pylate's ColBERT folder layout, read and written (a folder saved here loads in pylate and the other way round).
+
+::
+
+    modules.json                       Transformer (path ""), pylate.models.Dense.Dense (path "1_Dense")
+    config.json, model.safetensors     the Hugging Face backbone (its vocabulary includes "[Q] " and "[D] ")
+    tokenizer files
+    sentence_bert_config.json          {"max_seq_length": document_length - 1, "do_lower_case": false}
+    config_sentence_transformers.json  model_type "ColBERT", query/document prefix and length, skiplist_words,
+                                       do_query_expansion, attend_to_expansion_tokens, similarity "MaxSim"
+    1_Dense/config.json                in_features, out_features, bias, activation_function, use_residual
+    1_Dense/model.safetensors          linear.weight (out, in)
+
+Any other encoder folder (a plain Hugging Face model or a sentence-transformers bi-encoder) starts a new ColBERT
+model as pylate does: its Transformer (pooling and normalisation dropped), the marker tokens added to the
+vocabulary (the embedding matrix grows by two rows), and a new bias-free ``dim``-d projection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from embforge.modeling.dense import Dense
+from embforge.modeling.lora import save_backbone
+from embforge.modeling.resolve import load_backbone, resolve_model_path
+
+if TYPE_CHECKING:
+    from embforge.multivector.model import ColBERTSettings, MultiVectorEncoder
+
+PYLATE_DENSE = "pylate.models.Dense.Dense"
+ST_TRANSFORMER = "sentence_transformers.models.Transformer"
+COLBERT_MODEL_TYPE = "ColBERT"
+
+
+def is_colbert_folder(root: Path) -> bool:
+    """Whether ``root`` is a pylate ColBERT folder (its ``config_sentence_transformers.json`` says so)."""
+    config = root / "config_sentence_transformers.json"
+    if not config.exists():
+        return False
+    data = json.loads(config.read_text())
+    return data.get("model_type") == COLBERT_MODEL_TYPE or "query_prefix" in data
+
+
+def load_multivector(
+    path: str | os.PathLike, *, dim: int = 128, document_length: int | None = None
+) -> MultiVectorEncoder:
+    """A :class:`MultiVectorEncoder` from a pylate folder, or a new one on any encoder folder (see above)."""
+    from embforge.multivector.model import ColBERTSettings, MultiVectorEncoder
+
+    root = resolve_model_path(path)
+    if is_colbert_folder(root):
+        config = json.loads((root / "config_sentence_transformers.json").read_text())
+        transformer, denses = _modules(root)
+        if len(denses) != 1:
+            raise ValueError(
+                f"{root}: embforge reads pylate folders with exactly one Dense projection, found {len(denses)}"
+            )
+        backbone, tokenizer = load_backbone(root / transformer)
+        settings = ColBERTSettings.from_config(config)
+        projection = Dense.load(root / denses[0])
+        prompts = config.get("prompts") or {}
+    else:
+        transformer, _ = _modules(root) if (root / "modules.json").exists() else ("", [])
+        backbone, tokenizer = load_backbone(root / transformer)
+        settings = ColBERTSettings()
+        _add_markers(backbone, tokenizer, settings)
+        projection = Dense(_hidden_size(backbone), dim, bias=False)
+        prompts = {}
+    if document_length is not None:
+        settings.document_length = int(document_length)
+    return MultiVectorEncoder(backbone, tokenizer, projection, settings=settings, prompts=prompts)
+
+
+def _modules(root: Path) -> tuple[str, list[str]]:
+    """The Transformer's path and the Dense modules' paths of a ``modules.json`` (pooling/normalise skipped)."""
+    transformer, denses = "", []
+    for module in json.loads((root / "modules.json").read_text()):
+        kind = module["type"].rsplit(".", 1)[-1]
+        sub = (root / module.get("path", "")).resolve()
+        if not sub.is_relative_to(root.resolve()):
+            raise ValueError(f"{root / 'modules.json'}: module path {module.get('path')!r} leaves the folder")
+        if kind == "Transformer":
+            transformer = module.get("path", "")
+        elif kind == "Dense":
+            denses.append(module["path"])
+    return transformer, denses
+
+
+def _hidden_size(backbone: Any) -> int:
+    return int(backbone.config.hidden_size)
+
+
+def _add_markers(backbone: Any, tokenizer: Any, settings: ColBERTSettings) -> None:
+    """Add the query/document marker tokens to the vocabulary and grow the embedding matrix to match."""
+    tokenizer.add_tokens([settings.query_prefix, settings.document_prefix])
+    backbone.resize_token_embeddings(len(tokenizer))
+
+
+def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None:
+    """Write ``model`` in pylate's layout (see the module docstring)."""
+    from dataclasses import asdict
+
+    root = save_backbone(model.backbone, path)
+    model.tokenizer.save_pretrained(root)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": PYLATE_DENSE},
+    ]
+    _write_json(root / "modules.json", modules)
+    _write_json(
+        root / "sentence_bert_config.json",
+        {"max_seq_length": model.settings.document_length - 1, "do_lower_case": False},
+    )
+    model.projection.save(root / "1_Dense")
+    dense_config = json.loads((root / "1_Dense" / "config.json").read_text())
+    _write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
+    from embforge.encoder import _version
+
+    _write_json(
+        root / "config_sentence_transformers.json",
+        {
+            "model_type": COLBERT_MODEL_TYPE,
+            "prompts": model.prompts,
+            "default_prompt_name": None,
+            "similarity_fn_name": "MaxSim",
+            **asdict(model.settings),
+            "__version__": {"embforge": _version()},
+        },
+    )
+
+
+def _write_json(path: Path, obj: object) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
