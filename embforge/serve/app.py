@@ -1,8 +1,10 @@
 """``create_app(...)``: the FastAPI app of the embedding server (OpenAI-compatible embeddings, rerank, search).
 
 Endpoints: ``POST /v1/embeddings``, ``POST /rerank``, ``POST /similarity``, ``POST /search``,
-``POST /index/documents``, ``GET /health``, ``GET /metrics``. Model calls go through :class:`MicroBatcher` so
-concurrent requests share batches. Every input is checked before it joins a batch (a lone surrogate or a NaN is a
+``POST /index/documents``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Several embedders and rerankers
+can be served at once (:mod:`embforge.serve.models`; the request's ``model`` picks one). Model calls go through a
+token-budget :class:`MicroBatcher` per model, so concurrent requests share batches. ``encoding_format`` may ask for
+quantised vectors (``int8``, ``uint8``, ``binary``, ``ubinary``: :mod:`embforge.quantization`). Every input is checked before it joins a batch (a lone surrogate or a NaN is a
 422 naming the field and index), and a batch that still fails is split so only the request that broke it fails.
 Errors are JSON ``{"error": {"message", "type", "param"}}`` with a 4xx status naming the offending field; the
 server keeps serving (and keeps the connection alive) after any of them, 500s included.
@@ -18,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import numpy as np
 
 from embforge._optional import require
-from embforge.serve.batcher import MicroBatcher
+from embforge.quantization import quantize
+from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_value, validation_message
+from embforge.serve.models import ModelSet, ServedModel, pair_costs
 from embforge.serve.prometheus import Metrics
 from embforge.serve.store import DocumentStore, DuplicateIdError
 
@@ -44,7 +48,7 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str]
     model: str | None = None
     dimensions: int | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "int8", "uint8", "binary", "ubinary"] = "float"
     user: str | None = None
     prompt_name: str | None = None
 
@@ -79,28 +83,6 @@ class AddDocumentsRequest(BaseModel):
     documents: list[Document]
 
 
-def _embed_fn(model: Any) -> Any:
-    """``texts -> (vectors, token counts)`` for a torch :class:`Encoder` or an :class:`OnnxEncoder`."""
-    if hasattr(model, "embed_token_ids"):
-
-        def run_onnx(texts: list[str]) -> tuple[np.ndarray, list[int]]:
-            ids = model.tokenize_ids(texts)
-            return model.embed_token_ids(ids, batch_size=len(ids)), [len(x) for x in ids]
-
-        return run_onnx
-    import torch
-
-    model.eval()
-
-    def run_torch(texts: list[str]) -> tuple[np.ndarray, list[int]]:
-        ids = model.tokenize_ids(texts)
-        with torch.inference_mode():
-            vectors = model.embed_ids(ids, max_tokens=1 << 16).float().cpu().numpy()
-        return vectors, [len(x) for x in ids]
-
-    return run_torch
-
-
 def _json(payload: dict[str, Any]) -> Response:
     """A JSON response written by orjson, which serialises numpy vectors directly (float32, shortest form that
     reads back to the same float32) instead of FastAPI's encoder walking hundreds of Python floats per vector."""
@@ -131,21 +113,37 @@ def _l2(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
+def _encoded(vectors: np.ndarray, encoding_format: str, ranges: np.ndarray | None) -> list[dict[str, Any]]:
+    """The ``data`` items of an embeddings response: float vectors, base64 of little-endian float32, or quantised
+    codes (integer lists, sentence-transformers' ``quantize_embeddings`` semantics)."""
+    if encoding_format == "base64":
+        rows: Any = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+    elif encoding_format == "float":
+        rows = list(vectors)
+    else:
+        rows = list(quantize(vectors, encoding_format, ranges).astype(np.int32))
+    return [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+
+
 def create_app(
-    model: Any,
+    model: Any | Mapping[str, Any],
     *,
-    reranker: Any | None = None,
+    reranker: Any | Mapping[str, Any] | None = None,
     store: DocumentStore | None = None,
     config: ServeConfig | None = None,
+    ranges: Mapping[str, np.ndarray | None] | None = None,
 ) -> Any:
     """Build the server app.
 
     Args:
-        model: An :class:`~embforge.encoder.Encoder` (torch) or :class:`~embforge.modeling.onnx_runtime.OnnxEncoder`.
+        model: An embedder — :class:`~embforge.encoder.Encoder` (torch), or an exported runtime
+            (:class:`~embforge.modeling.onnx_runtime.OnnxEncoder`, OpenVINO) — or several as ``{name: model}``
+            (the first is the default and the one ``/search`` uses).
         reranker: Optional :class:`~embforge.cross_encoder.CrossEncoder` or
-            :class:`~embforge.modeling.onnx_runtime.OnnxCrossEncoder` for ``/rerank``.
+            :class:`~embforge.modeling.onnx_runtime.OnnxCrossEncoder` for ``/rerank``, or several by name.
         store: Optional :class:`DocumentStore` for ``/search`` and ``/index/documents`` (saved at shutdown).
         config: Limits, batching, auth (default :class:`ServeConfig`).
+        ranges: int8/uint8 calibration ranges by embedder name (default: those saved beside each model).
 
     Returns:
         A FastAPI app; its lifespan starts the batching workers and, at shutdown, finishes queued requests and
@@ -153,40 +151,29 @@ def create_app(
     """
     cfg = config or ServeConfig()
     metrics = Metrics()
-    dim = int(model.dim)
-    embedder = MicroBatcher(
-        _embed_fn(model),
-        max_batch_size=cfg.max_batch_size,
-        max_wait_ms=cfg.max_wait_ms,
-        on_batch=lambda n: metrics.observe_batch("embedding", n),
-    )
-    scorer = None
-    if reranker is not None:
-        scorer = MicroBatcher(
-            lambda pairs: np.asarray(reranker.predict(pairs, batch_size=len(pairs)), dtype=np.float32),
-            max_batch_size=cfg.max_batch_size,
-            max_wait_ms=cfg.max_wait_ms,
-            on_batch=lambda n: metrics.observe_batch("reranker", n),
-        )
-    prompts = dict(getattr(model, "prompts", {}) or {})
+    embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
+    rerankers: dict[str, Any] = {}
+    if isinstance(reranker, Mapping):
+        rerankers = dict(reranker)
+    elif reranker is not None:
+        rerankers = {cfg.reranker_name or "reranker": reranker}
+    models = ModelSet(embedders, rerankers, cfg, ranges=ranges, on_batch=metrics.observe_batch)
+    default = next(iter(models.embedders.values()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        embedder.start()
-        if scorer is not None:
-            scorer.start()
+        models.start()
         try:
             yield
         finally:
-            await embedder.stop()
-            if scorer is not None:
-                await scorer.stop()
+            await models.stop()
             if store is not None:
                 await asyncio.to_thread(store.close)
 
     app = FastAPI(title="embforge", lifespan=lifespan)
     app.state.metrics = metrics
     app.state.store = store
+    app.state.models = models
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:
@@ -229,9 +216,13 @@ def create_app(
             out.append(text)
         return out
 
-    async def run(batcher: MicroBatcher, items: list[Any]) -> Any:
+    async def run(served: ServedModel, items: list[Any], costs: list[int]) -> Any:
         try:
-            return await asyncio.wait_for(batcher.submit(items), cfg.request_timeout_s)
+            return await asyncio.wait_for(served.batcher.submit(items, costs), cfg.request_timeout_s)
+        except QueueFull as err:
+            raise ApiError(
+                429, f"model {served.name!r} is overloaded ({err}); retry later", "model", "overloaded"
+            ) from err
         except asyncio.TimeoutError as err:
             raise ApiError(
                 503,
@@ -240,12 +231,20 @@ def create_app(
                 "timeout",
             ) from err
 
-    async def embed(texts: list[str]) -> tuple[np.ndarray, list[int]]:
-        return await run(embedder, texts)
+    async def embed(texts: list[str], served: ServedModel | None = None) -> tuple[np.ndarray, list[int]]:
+        """Vectors and token counts of ``texts``: tokenised here (the batch cost), embedded in token batches."""
+        served = served or default
+        if sum(len(t) for t in texts) > 20_000:  # a long request is tokenised off the event loop
+            ids = await asyncio.to_thread(served.model.tokenize_ids, texts)
+        else:
+            ids = served.model.tokenize_ids(texts)
+        lengths = [len(x) for x in ids]
+        return await run(served, ids, lengths), lengths
 
-    def prefix(name: str | None, field: str = "prompt_name") -> str:
+    def prefix(served: ServedModel, name: str | None, field: str = "prompt_name") -> str:
         if name is None:
             return ""
+        prompts = dict(getattr(served.model, "prompts", {}) or {})
         if name not in prompts:
             known = ", ".join(sorted(prompts)) or "none"
             raise ApiError(422, f"unknown prompt name {name!r}; this model has: {known}", field)
@@ -253,46 +252,46 @@ def create_app(
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> Response:
+        served = models.embedder(body.model)
         inputs = [body.input] if isinstance(body.input, str) else body.input
         _check_body(body, input=inputs)
         texts = check_texts(inputs, "input")
+        dim = int(served.model.dim)
         if body.dimensions is not None and not 0 < body.dimensions <= dim:
             raise ApiError(
                 422, f"'dimensions' must be between 1 and {dim}, got {body.dimensions}", "dimensions"
             )
-        start = prefix(body.prompt_name)
-        vectors, tokens = await embed([start + t for t in texts] if start else texts)
-        if body.dimensions is not None and body.dimensions < dim:
+        cut = body.dimensions is not None and body.dimensions < dim
+        scalar = body.encoding_format in ("int8", "uint8")
+        if scalar and (served.ranges is None or cut):
+            why = (
+                "with 'dimensions' (its calibration ranges are for full vectors)"
+                if cut
+                else "for this model: it has no calibration ranges (start the server with --calibration FILE)"
+            )
+            raise ApiError(
+                422, f"'encoding_format' {body.encoding_format} is not available {why}", "encoding_format"
+            )
+        start = prefix(served, body.prompt_name)
+        vectors, tokens = await embed([start + t for t in texts] if start else texts, served)
+        if cut:
             vectors = vectors[:, : body.dimensions]
-            if getattr(model, "normalize", False):
+            if getattr(served.model, "normalize", False):
                 vectors = _l2(vectors)
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": base64.b64encode(vec.astype("<f4").tobytes()).decode()
-                if body.encoding_format == "base64"
-                else vec,
-            }
-            for i, vec in enumerate(vectors)
-        ]
+        data = _encoded(np.ascontiguousarray(vectors, dtype=np.float32), body.encoding_format, served.ranges)
         used = int(sum(tokens))
         return _json(
             {
                 "object": "list",
                 "data": data,
-                "model": cfg.model_name,
+                "model": served.name,
                 "usage": {"prompt_tokens": used, "total_tokens": used},
             }
         )
 
     @app.post("/rerank")
     async def rerank(body: RerankRequest) -> dict[str, Any]:
-        if scorer is None:
-            raise ApiError(
-                501, "no reranker is loaded; start the server with --reranker MODEL", "model", "not_available"
-            )
+        served = models.reranker(body.model)
         _check_body(body)
         field = "documents" if body.documents is not None else "texts"
         raw: list[Any] = body.documents if body.documents is not None else (body.texts or [])
@@ -306,7 +305,8 @@ def create_app(
             docs.append(text)
         docs = check_texts(docs, field)
         query = check_texts([body.query], "query")[0]
-        scores = await run(scorer, [(query, d) for d in docs])
+        costs = pair_costs(served.model, query, docs)
+        scores = await run(served, [(query, d) for d in docs], costs)
         scores = np.asarray(scores, dtype=np.float32).reshape(len(docs), -1)[:, -1]
         order = np.argsort(-scores, kind="stable")[: body.top_n]
         results = []
@@ -315,20 +315,21 @@ def create_app(
             if body.return_documents:
                 item["document"] = {"text": docs[i]}
             results.append(item)
-        return {"model": cfg.reranker_name or "reranker", "results": results}
+        return {"model": served.name, "results": results}
 
     @app.post("/similarity")
     async def similarity(body: SimilarityRequest) -> dict[str, Any]:
+        served = models.embedder(body.model)
         if not body.pairs:
             raise ApiError(422, "'pairs' must not be empty", "pairs")
         _check_body(body)
         unique = list(dict.fromkeys(t for pair in body.pairs for t in pair))
         check_texts(unique, "pairs")
-        vectors, _ = await embed(unique)
+        vectors, _ = await embed(unique, served)
         vectors = _l2(np.asarray(vectors, dtype=np.float32))
         pos = {t: i for i, t in enumerate(unique)}
         scores = [float(vectors[pos[a]] @ vectors[pos[b]]) for a, b in body.pairs]
-        return {"model": cfg.model_name, "scores": scores}
+        return {"model": served.name, "scores": scores}
 
     def need_store() -> DocumentStore:
         if store is None:
@@ -343,11 +344,11 @@ def create_app(
         queries = [body.query] if isinstance(body.query, str) else body.query
         _check_body(body, query=queries)
         queries = check_texts(queries, "query")
-        start = prompts.get("query", "")
+        start = default.model.prompts.get("query", "")
         vectors, _ = await embed([start + q for q in queries])
         k = body.top_k or cfg.default_top_k
         hits = await asyncio.to_thread(docs.search, vectors, k, with_text=body.return_text)
-        return {"model": cfg.model_name, "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)]}
+        return {"model": default.name, "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)]}
 
     @app.post("/index/documents")
     async def add_documents(body: AddDocumentsRequest) -> dict[str, Any]:
@@ -358,6 +359,7 @@ def create_app(
         dup = docs.duplicates(ids)
         if dup:  # cheap early answer; the store checks again, atomically, when it writes
             raise _conflict(dup[0], ids[dup[0]])
+        prompts = default.model.prompts
         start = prompts.get("document") or prompts.get("passage") or ""
         vectors, _ = await embed([start + t for t in texts])
         items = [{"id": d.id, "text": t, "fields": d.fields} for d, t in zip(body.documents, texts)]
@@ -371,12 +373,17 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
-            "model": cfg.model_name,
-            "dim": dim,
-            "backend": "onnx" if hasattr(model, "embed_token_ids") else "torch",
-            "reranker": reranker is not None,
+            "model": default.name,
+            "dim": default.dim,
+            "backend": default.backend,
+            "reranker": bool(models.rerankers),
+            "models": [m.name for m in models.all()],
             "documents": len(store) if store is not None else None,
         }
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return models.listing()
 
     @app.get("/metrics")
     async def metrics_text() -> PlainTextResponse:

@@ -1,25 +1,32 @@
-"""Dynamic micro-batching: concurrent requests are merged into one model call.
+"""Token-budget dynamic batching: concurrent requests are merged into model calls bounded by padded-token cost.
 
-Each request puts its items (texts, or text pairs) on a queue. One worker takes the first waiting request, then
-keeps taking requests until ``max_batch_size`` items are gathered or ``max_wait_ms`` has passed since the first
-arrived, runs the model once on all of them in a worker thread (so the event loop keeps accepting requests), and
-hands each request its slice of the result. While the model runs, new requests queue up and form the next batch,
-so under load batches fill up and throughput grows with concurrency.
+Each request puts its items (token-id lists, or text pairs) on one queue, each item with a cost (its token count;
+1 when no cost is given). The queue is kept sorted by cost. A batch is the cheapest waiting items, taken while the
+padded cost of the batch — its longest item times its item count, TEI's ``--max-batch-tokens`` for padded models —
+stays within ``max_batch_tokens`` and the count within ``max_batch_size``. So one 512-token text never pads 63 short
+ones to 512: the short ones form their own batch and are answered first, the long one runs in a batch of its
+length. A request's items may be spread over several batches; it is answered when its last item is done.
 
-The wait is adaptive: it only applies while requests are arriving concurrently (the previous batch held more than
-one request). A lone client's request runs at once instead of paying ``max_wait_ms`` for company that never comes
-(measured on MiniLM, 2 cores: a fixed 5 ms wait cost 28 % of throughput at one client).
+Long items cannot starve: an item passed over by ``patience`` batches leads the next batch, which it fills with the
+longest waiting items that fit its width.
 
-A failing model call never fails the requests that merely shared its batch: the batch is split in halves and each
-half run again, down to single requests, so only a request whose own items make the model fail gets the error
-(one bad request among ``n`` costs about ``2·log2(n)`` extra calls).
+The wait is adaptive: only while requests come concurrently (the previous batch merged several requests) does the
+worker wait up to ``max_wait_ms`` for a batch to fill; a lone client's request runs at once (on MiniLM, 2 cores,
+a fixed 5 ms wait cost 28 % of throughput at one client).
+
+A failing model call never fails the requests that merely shared its batch: the batch is split by request in halves
+and each half run again, down to single requests, so only a request whose own items make the model fail gets the
+error. A full queue (``max_queue`` items) refuses new requests at once with :class:`QueueFull` (the server answers
+429), so one overloaded model never makes requests wait behind it, and other models keep their own queues.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import contextlib
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,22 +34,44 @@ from typing import Any
 import numpy as np
 
 
+class QueueFull(Exception):
+    """The batcher's queue holds ``max_queue`` items; the request was not queued."""
+
+
 @dataclass
 class _Job:
+    """One request: its items, where their rows go, and the future its caller awaits."""
+
     items: list[Any]
     future: asyncio.Future = field(repr=False)
+    left: int = 0
+    result: Any = None  # filled row by row (an array, or a tuple of arrays)
+
+
+@dataclass(order=True)
+class _Entry:
+    """One queued item; ordered by cost, then arrival."""
+
+    cost: int
+    seq: int
+    job: _Job = field(compare=False, repr=False)
+    index: int = field(compare=False)
+    batch_no: int = field(compare=False)  # batches formed when it arrived (for the starvation guard)
 
 
 class MicroBatcher:
     """Merge concurrent ``submit`` calls into batched calls of ``fn(items) -> array with one row per item``.
 
     Args:
-        fn: The model call, run in a single worker thread; returns an array (or tuple of arrays / lists)
-            whose first axis matches the items.
-        max_batch_size: Most items per call (a bigger request runs alone, in one call).
-        max_wait_ms: Longest wait for more requests after the first one arrives (only while requests come
-            concurrently, see above).
-        on_batch: Called with the size of each batch run (for metrics).
+        fn: The model call, run in a single worker thread; returns an array (or a tuple of arrays) whose first
+            axis matches the items it was given.
+        max_batch_size: Most items per call.
+        max_batch_tokens: Most padded tokens per call (longest item's cost times the item count); ``None``: no
+            token bound. An item costlier than the budget runs alone.
+        max_wait_ms: Longest wait for a batch to fill (only while requests come concurrently, see above).
+        max_queue: Most items waiting; a request that would exceed it gets :class:`QueueFull`.
+        patience: Batches an item may be passed over before it leads one.
+        on_batch: Called with the items of each batch run (for metrics and tests).
     """
 
     def __init__(
@@ -50,15 +79,23 @@ class MicroBatcher:
         fn: Callable[[list[Any]], Any],
         *,
         max_batch_size: int = 64,
+        max_batch_tokens: int | None = None,
         max_wait_ms: float = 5.0,
+        max_queue: int | None = None,
+        patience: int = 8,
         on_batch: Callable[[int], None] | None = None,
     ) -> None:
         self.fn = fn
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.patience = patience
         self.on_batch = on_batch
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._carry: _Job | None = None
+        self._queue: list[_Entry] = []  # sorted by (cost, seq)
+        self._seq = itertools.count()
+        self._batches = 0
+        self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._busy = False
         self._concurrent = False  # did the last batch merge several requests? then waiting pays off
@@ -66,109 +103,162 @@ class MicroBatcher:
             max_workers=1, thread_name_prefix="embforge-model"
         )
 
+    @property
+    def queued(self) -> int:
+        """Items waiting for a batch."""
+        return len(self._queue)
+
     def start(self) -> None:
         """Start the worker on the running event loop."""
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._worker())
 
     async def stop(self) -> None:
         """Finish the queued requests, then stop the worker and its thread."""
-        if self._queue is not None:
-            while (
-                not self._queue.empty() or self._carry is not None or self._busy
-            ) and not self._task_done():
-                await asyncio.sleep(0.005)
+        while (self._queue or self._busy) and not (self._task is None or self._task.done()):
+            await asyncio.sleep(0.005)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._executor.shutdown(wait=True)
 
-    def _task_done(self) -> bool:
-        return self._task is None or self._task.done()
+    async def submit(self, items: Sequence[Any], costs: Sequence[int] | None = None) -> Any:
+        """Queue ``items`` (with their ``costs``, default 1 each) and wait for their rows of the model output.
 
-    async def submit(self, items: Sequence[Any]) -> Any:
-        """Queue ``items`` and wait for their rows of the model output."""
-        if self._queue is None:
+        Raises:
+            QueueFull: the queue has no room for ``items`` (nothing was queued).
+        """
+        if self._arrived is None:
             raise RuntimeError("MicroBatcher.start() was not called (the app's lifespan starts it)")
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(list(items), future))
-        return await future
+        if self.max_queue is not None and self._queue and len(self._queue) + len(items) > self.max_queue:
+            raise QueueFull(f"{len(self._queue)} items are waiting (the limit is {self.max_queue})")
+        if not items:
+            return []
+        job = _Job(list(items), asyncio.get_running_loop().create_future(), left=len(items))
+        for i, cost in enumerate(costs if costs is not None else [1] * len(items)):
+            entry = _Entry(int(cost), next(self._seq), job, i, self._batches)
+            bisect.insort(self._queue, entry)
+        self._arrived.set()
+        return await job.future
 
-    async def _next_job(self, timeout: float | None) -> _Job | None:
-        assert self._queue is not None
-        if self._carry is not None:
-            job, self._carry = self._carry, None
-            return job
-        if timeout is None:
-            return await self._queue.get()
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        if timeout <= 0:
-            return None
-        try:
-            return await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            return None
+    def _full(self) -> bool:
+        """Whether the waiting items already fill a batch (no point waiting for more)."""
+        if len(self._queue) >= self.max_batch_size:
+            return True
+        budget = self.max_batch_tokens
+        return budget is not None and len(self._queue) * self._queue[-1].cost >= budget
+
+    def _take(self) -> list[_Entry]:
+        """Remove and return the next batch: the cheapest items within the budgets, or, when an item has been
+        passed over ``patience`` times, that item with the costliest items no wider than it."""
+        self._queue = [e for e in self._queue if not e.job.future.done()]  # timed-out or failed requests
+        if not self._queue:
+            return []
+        oldest = min(self._queue, key=lambda e: e.seq)
+        if self._batches - oldest.batch_no >= self.patience:
+            stop = bisect.bisect_right(self._queue, oldest)
+            candidates = self._queue[:stop][::-1]  # from the starving item down to cheaper ones
+        else:
+            candidates = self._queue
+        chosen: list[_Entry] = []
+        width = 0
+        for entry in candidates:
+            new_width = max(width, entry.cost)
+            full = len(chosen) + 1 > self.max_batch_size or (
+                self.max_batch_tokens is not None and new_width * (len(chosen) + 1) > self.max_batch_tokens
+            )
+            if chosen and full:
+                break
+            chosen.append(entry)
+            width = new_width
+        taken = {id(e) for e in chosen}
+        self._queue = [e for e in self._queue if id(e) not in taken]
+        self._batches += 1
+        return sorted(chosen)
 
     async def _worker(self) -> None:
+        assert self._arrived is not None
         loop = asyncio.get_running_loop()
         while True:
-            first = await self._next_job(None)
-            assert first is not None
-            jobs = [first]
-            size = len(first.items)
-            deadline = loop.time() + (self.max_wait if self._concurrent else 0.0)
-            while size < self.max_batch_size:
-                job = await self._next_job(deadline - loop.time())
-                if job is None:
-                    break
-                if size + len(job.items) > self.max_batch_size:
-                    self._carry = job
-                    break
-                jobs.append(job)
-                size += len(job.items)
-            self._concurrent = len(jobs) > 1
-            jobs = [j for j in jobs if not j.future.done()]  # timed-out requests are dropped
-            if not jobs:
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            if self._concurrent:
+                deadline = loop.time() + self.max_wait
+                while not self._full() and loop.time() < deadline:
+                    self._arrived.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+            batch = self._take()
+            if not batch:
                 continue
+            self._concurrent = len({id(e.job) for e in batch}) > 1
             self._busy = True
             try:
-                await self._run(loop, jobs)
+                await self._run(loop, batch)
             finally:
                 self._busy = False
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
-        """Run ``jobs`` as one model call and hand out the rows; if the call fails, bisect."""
-        jobs = [j for j in jobs if not j.future.done()]
-        if not jobs:
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
+        """Run ``batch`` as one model call and hand out the rows; if the call fails, bisect by request."""
+        batch = [e for e in batch if not e.job.future.done()]
+        if not batch:
             return
-        items = [item for job in jobs for item in job.items]
         try:
-            result = await loop.run_in_executor(self._executor, self.fn, items)
-            parts, start = [], 0
-            for job in jobs:
-                parts.append(_slice(result, start, start + len(job.items)))
-                start += len(job.items)
+            result = await loop.run_in_executor(
+                self._executor, self.fn, [e.job.items[e.index] for e in batch]
+            )
+            _check_rows(result, len(batch))
         except Exception as err:
+            jobs = list({id(e.job): e.job for e in batch}.values())
             if len(jobs) == 1:
                 if not jobs[0].future.done():
                     jobs[0].future.set_exception(err)
                 return
-            half = len(jobs) // 2
-            await self._run(loop, jobs[:half])
-            await self._run(loop, jobs[half:])
+            first = {id(j) for j in jobs[: len(jobs) // 2]}
+            await self._run(loop, [e for e in batch if id(e.job) in first])
+            await self._run(loop, [e for e in batch if id(e.job) not in first])
             return
         if self.on_batch is not None:
-            self.on_batch(len(items))
-        for job, part in zip(jobs, parts):
-            if not job.future.done():
-                job.future.set_result(part)
+            self.on_batch(len(batch))
+        _deliver(batch, result)
 
 
-def _slice(result: Any, start: int, end: int) -> Any:
+def _check_rows(result: Any, n: int) -> None:
+    parts = result if isinstance(result, tuple) else (result,)
+    for part in parts:
+        if not isinstance(part, np.ndarray) or len(part) != n:
+            raise TypeError(f"the batched function must return arrays of {n} rows, got {type(part).__name__}")
+
+
+def _deliver(batch: list[_Entry], result: Any) -> None:
+    """Copy each item's row into its request's result; answer the requests whose last item this was."""
+    by_job: dict[int, tuple[_Job, list[int], list[int]]] = {}
+    for pos, entry in enumerate(batch):
+        _, rows, where = by_job.setdefault(id(entry.job), (entry.job, [], []))
+        rows.append(pos)
+        where.append(entry.index)
+    for job, rows, where in by_job.values():
+        if job.future.done():
+            continue
+        if job.result is None:
+            job.result = _allocate(result, len(job.items))
+        _put(job.result, result, where, rows)
+        job.left -= len(rows)
+        if job.left == 0:
+            job.future.set_result(job.result)
+
+
+def _allocate(result: Any, n: int) -> Any:
     if isinstance(result, tuple):
-        return tuple(_slice(part, start, end) for part in result)
-    if isinstance(result, np.ndarray | list):
-        return result[start:end]
-    raise TypeError(f"the batched function must return arrays or lists, got {type(result).__name__}")
+        return tuple(_allocate(part, n) for part in result)
+    return np.empty((n, *result.shape[1:]), dtype=result.dtype)
+
+
+def _put(target: Any, result: Any, where: list[int], rows: list[int]) -> None:
+    if isinstance(target, tuple):
+        for t, r in zip(target, result):
+            _put(t, r, where, rows)
+        return
+    target[where] = result[rows]

@@ -12,6 +12,9 @@ class ServeConfig:
     Attributes:
         model_name: Name reported in responses (``model`` field) and accepted in requests.
         max_batch_size: Most texts (or pairs) merged into one model call.
+        max_batch_tokens: Most padded tokens in one model call (longest text's tokens times the texts; TEI's
+            ``--max-batch-tokens``); the queue is sorted by length, so short texts batch apart from long ones.
+        max_queue: Most texts (or pairs) waiting per model; a request beyond gets 429 (other models unaffected).
         max_wait_ms: How long the first queued request waits for others to join its batch.
         max_inputs: Most texts (documents, pairs) in one request; more gets 413.
         max_chars: Most characters in one text; longer gets 413 unless ``truncate`` is set.
@@ -30,6 +33,8 @@ class ServeConfig:
 
     model_name: str = "embforge"
     max_batch_size: int = 64
+    max_batch_tokens: int = 16384
+    max_queue: int = 4096
     max_wait_ms: float = 5.0
     max_inputs: int = 256
     max_chars: int = 8192
@@ -47,6 +52,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_batch_size",
+            "max_batch_tokens",
+            "max_queue",
             "max_inputs",
             "max_chars",
             "max_body_bytes",

@@ -1,0 +1,233 @@
+"""Token-budget batching (the batches the model receives), several models in one server (routing, /v1/models,
+one model's overload never failing another's requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_bert, make_cross_encoder, make_tokenizer
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+
+def long_encoder(seed: int = 0):
+    """A tiny random BERT that takes 512-token texts."""
+    from transformers import BertConfig, BertModel
+
+    from embforge.encoder import Encoder
+
+    tokenizer = make_tokenizer()
+    import torch
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    return Encoder(BertModel(config), tokenizer, pooling="mean", max_seq_length=512)
+
+
+class Gate:
+    """Wraps a model's ``embed_ids``: records the token lengths of every batch; the first call waits for
+    ``release()`` (so that the requests sent meanwhile queue up and arrive at the batcher together)."""
+
+    def __init__(self, model) -> None:
+        self.original = model.embed_ids
+        self.batches: list[list[int]] = []
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        model.embed_ids = self
+
+    def __call__(self, ids, **kwargs):
+        self.entered.set()
+        self.opened.wait(30)
+        self.batches.append([len(x) for x in ids])
+        return self.original(ids, **kwargs)
+
+    def release(self) -> None:
+        self.opened.set()
+
+    async def busy(self) -> None:
+        """Wait until the model is inside its first (held) call."""
+        await asyncio.to_thread(self.entered.wait, 30)
+
+
+async def wait_queued(app, name: str, n: int) -> None:
+    served = app.state.models.embedders[name]
+    for _ in range(3000):
+        if served.batcher.queued >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"{served.batcher.queued} items queued, expected {n}")
+
+
+def test_one_long_text_does_not_pad_63_short_ones():
+    from embforge.serve.app import create_app
+    from embforge.serve.config import ServeConfig
+
+    model = long_encoder()
+    gate = Gate(model)
+    config = ServeConfig(model_name="m", max_batch_size=64, max_batch_tokens=4096, max_wait_ms=1)
+    app = create_app(model, config=config)
+    long_text = " ".join(["cat"] * 600)  # cut to 512 tokens
+    short = [f"a man plays the {w}" for w in ("guitar", "piano", "flute")] * 21
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as http,
+        ):
+            warm = asyncio.ensure_future(http.post("/v1/embeddings", json={"input": "warm up"}))
+            await gate.busy()  # the model is now busy with the warm-up request (held by the gate)
+            sent = [http.post("/v1/embeddings", json={"input": t}) for t in [long_text, *short]]
+            requests = [asyncio.ensure_future(r) for r in sent]
+            await wait_queued(app, "m", 64)
+            gate.release()
+            return await warm, await asyncio.gather(*requests)
+
+    warm, responses = asyncio.run(main())
+    assert warm.status_code == 200 and all(r.status_code == 200 for r in responses)
+    short_len = len(model.tokenize_ids([short[0]])[0])
+    assert gate.batches[0] == [len(model.tokenize_ids(["warm up"])[0])]
+    # the 63 short texts arrived with the long one and form their own batch, before it; the long one runs alone
+    assert gate.batches[1:] == [[short_len] * 63, [512]]
+    for batch in gate.batches:
+        assert max(batch) * len(batch) <= config.max_batch_tokens or len(batch) == 1
+    vectors = np.array([r.json()["data"][0]["embedding"] for r in responses], dtype=np.float32)
+    np.testing.assert_allclose(vectors, model.encode([long_text, *short]), atol=1e-4)
+
+
+def test_a_count_only_batcher_would_have_padded_them_together():
+    """The same arrival with the token budget lifted: one batch of 64 texts, all padded to 512 (the contrast)."""
+    from embforge.serve.batcher import MicroBatcher
+
+    batches: list[list[int]] = []
+
+    def fn(items):
+        batches.append(list(items))
+        return np.zeros((len(items), 1), np.float32)
+
+    async def main(tokens):
+        batcher = MicroBatcher(fn, max_batch_size=64, max_batch_tokens=tokens, max_wait_ms=0)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit([n], [n]) for n in [512] + [9] * 63))
+        await batcher.stop()
+
+    asyncio.run(main(None))
+    assert [len(b) for b in batches] == [64] and max(batches[0]) * 64 == 32768
+    batches.clear()
+    asyncio.run(main(4096))
+    assert batches == [[9] * 63, [512]]
+
+
+def test_a_long_text_is_not_starved_by_a_stream_of_short_ones():
+    from embforge.serve.batcher import MicroBatcher
+
+    batches: list[list[int]] = []
+
+    def fn(items):
+        batches.append(list(items))
+        return np.zeros((len(items), 1), np.float32)
+
+    async def main():
+        batcher = MicroBatcher(fn, max_batch_size=4, max_batch_tokens=64, max_wait_ms=0, patience=3)
+        batcher.start()
+        long = asyncio.ensure_future(batcher.submit([60], [60]))
+        shorts = [asyncio.ensure_future(batcher.submit([5] * 4, [5] * 4)) for _ in range(10)]
+        await asyncio.gather(long, *shorts)
+        await batcher.stop()
+
+    asyncio.run(main())
+    at = next(i for i, b in enumerate(batches) if 60 in b)
+    assert at <= 3 and batches[at] == [60]  # passed over at most `patience` times, then it leads a batch
+    assert sum(len(b) for b in batches) == 41
+
+
+def test_a_request_split_over_batches_gets_its_rows_in_order():
+    from embforge.serve.batcher import MicroBatcher
+
+    def fn(items):
+        return np.array([[x, x * 2] for x in items], dtype=np.float32)
+
+    async def main():
+        batcher = MicroBatcher(fn, max_batch_size=3, max_batch_tokens=100, max_wait_ms=0)
+        batcher.start()
+        items = [7, 1, 50, 3, 2, 30, 9]
+        got = await batcher.submit(items, items)
+        await batcher.stop()
+        return items, got
+
+    items, got = asyncio.run(main())
+    assert got[:, 0].tolist() == items and got[:, 1].tolist() == [2 * x for x in items]
+
+
+def test_several_models_route_by_name_and_one_overloaded_model_never_fails_the_others():
+    from embforge.encoder import Encoder
+    from embforge.serve.app import create_app
+    from embforge.serve.config import ServeConfig
+
+    tokenizer = make_tokenizer()
+    busy = Encoder(make_bert(len(tokenizer), seed=1), tokenizer, max_seq_length=64)
+    other = Encoder(make_bert(len(tokenizer), seed=2), tokenizer, max_seq_length=64, normalize=True)
+    reranker = make_cross_encoder().eval()
+    gate = Gate(busy)
+    config = ServeConfig(max_batch_size=4, max_queue=8, max_wait_ms=1)
+    app = create_app({"busy": busy, "other": other}, reranker={"rr": reranker}, config=config)
+    texts = ["a man plays the guitar", "the cat", "oil price falls", "a red car"]
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as http,
+        ):
+            listing = (await http.get("/v1/models")).json()
+            flood = [
+                asyncio.ensure_future(http.post("/v1/embeddings", json={"input": texts, "model": "busy"}))
+            ]
+            await gate.busy()
+            flood += [
+                asyncio.ensure_future(http.post("/v1/embeddings", json={"input": texts, "model": "busy"}))
+                for _ in range(5)
+            ]
+            await wait_queued(
+                app, "busy", 8
+            )  # one request in the (held) model, two queued: the queue is full
+            rest = await asyncio.gather(*flood[3:])
+            others = await asyncio.gather(
+                *(http.post("/v1/embeddings", json={"input": texts, "model": "other"}) for _ in range(2)),
+                http.post("/rerank", json={"query": "a man", "documents": texts, "model": "rr"}),
+            )
+            unknown = await http.post("/v1/embeddings", json={"input": "a", "model": "nope"})
+            gate.release()
+            return listing, rest, await asyncio.gather(*flood[:3]), others, unknown
+
+    listing, refused, served, others, unknown = asyncio.run(main())
+    assert [(m["id"], m["kind"]) for m in listing["data"]] == [
+        ("busy", "embedding"),
+        ("other", "embedding"),
+        ("rr", "rerank"),
+    ]
+    assert [r.status_code for r in refused] == [429] * 3
+    assert (
+        refused[0].json()["error"]["type"] == "overloaded" and "busy" in refused[0].json()["error"]["message"]
+    )
+    assert [r.status_code for r in served] == [200] * 3
+    assert [r.status_code for r in others] == [200] * 3  # its own queue (8 texts) holds both requests
+    got = np.array([d["embedding"] for d in others[0].json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(got, other.encode(texts), atol=1e-5)
+    assert others[0].json()["model"] == "other" and others[-1].json()["model"] == "rr"
+    expected = reranker.predict([("a man", t) for t in texts])
+    assert others[-1].json()["results"][0]["index"] == int(np.argmax(expected))
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+    assert "busy, other" in unknown.json()["error"]["message"]
