@@ -14,6 +14,7 @@ from embforge.losses.margin import ContrastiveLoss, TripletLoss
 from embforge.losses.matryoshka import MatryoshkaLoss
 from embforge.losses.regression import CosineMSELoss
 from embforge.losses.softmax import SoftmaxLoss
+from embforge.losses.splade import SpladeLoss
 
 LOSSES: dict[str, type[EmbeddingLoss]] = {
     "infonce": InfoNCELoss,
@@ -29,6 +30,7 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
     "mse_distill": MSEDistillLoss,
     "margin_mse": MarginMSEDistillLoss,
     "kl_distill": KLDistillLoss,
+    "splade": SpladeLoss,  # sparse models (--model-type sparse)
 }
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "PrototypeLoss",
     "SimCSELoss",
     "SoftmaxLoss",
+    "SpladeLoss",
     "SupConLoss",
     "TripletLoss",
     "cosent",

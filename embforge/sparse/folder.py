@@ -1,0 +1,171 @@
+"""sentence-transformers ``SparseEncoder`` folders: read into and written from
+:class:`~embforge.sparse.model.SparseEncoder`.
+
+Two layouts:
+
+- plain SPLADE: the MLM weights and tokenizer at the root (``MLMTransformer``) and ``1_SpladePooling/config.json``;
+- inference-free SPLADE: one ``Router`` module whose ``router_config.json`` sends queries to
+  ``query_0_SparseStaticEmbedding/`` (a ``weight`` vector in ``model.safetensors``) and documents to
+  ``document_0_MLMTransformer/`` + ``document_1_SpladePooling/``.
+
+Module types are written with the names sentence-transformers 5 used (``sparse_encoder.models.MLMTransformer``,
+``models.Router``), which sentence-transformers 6 still loads; both generations' names are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from embforge.modeling.lora import save_backbone
+from embforge.modeling.resolve import default_max_seq_length, hf_quiet, resolve_model_path
+
+ST_MLM = "sentence_transformers.sparse_encoder.models.MLMTransformer"
+ST_SPLADE_POOLING = "sentence_transformers.sparse_encoder.models.SpladePooling"
+ST_STATIC_QUERY = "sentence_transformers.sparse_encoder.models.SparseStaticEmbedding"
+ST_ROUTER = "sentence_transformers.models.Router"
+_ENCODERS = ("MLMTransformer", "Transformer")
+QUERY_DIR, DOCUMENT_DIR, POOLING_DIR = (
+    "query_0_SparseStaticEmbedding",
+    "document_0_MLMTransformer",
+    "document_1_SpladePooling",
+)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_json(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def _layout(root: Path) -> dict[str, Any]:
+    """Where the MLM encoder, pooling settings and query table of a folder are."""
+    found: dict[str, Any] = {"document": root, "query": None, "pooling": {}}
+    modules_file = root / "modules.json"
+    if not modules_file.exists():
+        return found
+    modules = [
+        (m["type"].rsplit(".", 1)[-1], root / m.get("path", "")) for m in json.loads(modules_file.read_text())
+    ]
+    if modules and modules[0][0] == "Router":
+        config = _json(root / modules[0][1] / "router_config.json")
+        structure = config.get("structure", {})
+        modules = [
+            (config["types"][name].rsplit(".", 1)[-1], root / name) for name in structure.get("document", [])
+        ]
+        for name in structure.get("query", []):
+            if config["types"][name].rsplit(".", 1)[-1] != "SparseStaticEmbedding":
+                raise ValueError(
+                    f"{root}: query module {name!r} is not supported (only SparseStaticEmbedding)"
+                )
+            found["query"] = root / name
+    for kind, sub in modules:
+        if kind in _ENCODERS:
+            found["document"] = sub
+        elif kind == "SpladePooling":
+            found["pooling"] = _json(sub / "config.json")
+        else:
+            raise ValueError(
+                f"{modules_file}: module type {kind!r} is not supported by embforge's sparse models "
+                "(supported: MLMTransformer, SpladePooling, a Router with a SparseStaticEmbedding query route)"
+            )
+    return found
+
+
+def read_sparse_folder(
+    cls: Any, path: str | os.PathLike, *, max_seq_length: int | None, inference_free: bool | None
+) -> Any:
+    """Build ``cls`` (a :class:`~embforge.sparse.model.SparseEncoder`) from a folder (see the module doc)."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    root = resolve_model_path(path)
+    layout = _layout(root)
+    document: Path = layout["document"]
+    tokenizer = AutoTokenizer.from_pretrained(str(document), local_files_only=True)
+    with hf_quiet():
+        backbone = AutoModelForMaskedLM.from_pretrained(str(document), local_files_only=True)
+    query_weights, frozen = None, False
+    if layout["query"] is not None and inference_free is not False:
+        query_weights = load_file(str(layout["query"] / "model.safetensors"))["weight"]
+        frozen = bool(_json(layout["query"] / "config.json").get("frozen", False))
+    elif inference_free:
+        query_weights = torch.ones(int(backbone.config.vocab_size))
+    st = _json(root / "config_sentence_transformers.json")
+    pooling = layout["pooling"]
+    return cls(
+        backbone,
+        tokenizer,
+        pooling=pooling.get("pooling_strategy", "max"),
+        activation=pooling.get("activation_function", "relu"),
+        max_seq_length=max_seq_length
+        or _json(document / "sentence_bert_config.json").get("max_seq_length")
+        or default_max_seq_length(tokenizer),
+        prompts={k: v for k, v in (st.get("prompts") or {}).items() if v},
+        default_prompt_name=st.get("default_prompt_name"),
+        query_weights=query_weights,
+        freeze_query_weights=frozen,
+    )
+
+
+def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
+    """Write ``model`` as a sentence-transformers ``SparseEncoder`` folder (a ``Router`` when inference-free)."""
+    from embforge import __version__
+
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    pooling = {
+        "pooling_strategy": model.pooling,
+        "activation_function": model.activation,
+        "word_embedding_dimension": model.dim,
+    }
+    document = root / DOCUMENT_DIR if model.inference_free else root
+    save_backbone(model.backbone, document)
+    model.tokenizer.save_pretrained(document)
+    _write_json(
+        document / "sentence_bert_config.json",
+        {"max_seq_length": model.max_seq_length, "do_lower_case": False},
+    )
+    if model.inference_free:
+        query = root / QUERY_DIR
+        query.mkdir(exist_ok=True)
+        save_file(
+            {"weight": model.query_weights.detach().float().cpu().contiguous()},
+            str(query / "model.safetensors"),
+        )
+        _write_json(query / "config.json", {"frozen": not model.query_weights.requires_grad})
+        model.tokenizer.save_pretrained(query)
+        _write_json(root / POOLING_DIR / "config.json", pooling)
+        _write_json(
+            root / "router_config.json",
+            {
+                "types": {QUERY_DIR: ST_STATIC_QUERY, DOCUMENT_DIR: ST_MLM, POOLING_DIR: ST_SPLADE_POOLING},
+                "structure": {"query": [QUERY_DIR], "document": [DOCUMENT_DIR, POOLING_DIR]},
+                "parameters": {"default_route": "document", "allow_empty_key": True},
+            },
+        )
+        modules = [{"idx": 0, "name": "0", "path": "", "type": ST_ROUTER}]
+    else:
+        _write_json(root / "1_SpladePooling" / "config.json", pooling)
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": ST_MLM},
+            {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": ST_SPLADE_POOLING},
+        ]
+    _write_json(root / "modules.json", modules)
+    _write_json(
+        root / "config_sentence_transformers.json",
+        {
+            "model_type": "SparseEncoder",
+            "prompts": {"query": "", "document": "", **model.prompts},
+            "default_prompt_name": model.default_prompt_name,
+            "similarity_fn_name": "dot",
+            "__version__": {"embforge": __version__},
+        },
+    )

@@ -1,0 +1,292 @@
+"""SparseEncoder: a masked-language-model head turned into a sparse lexical vector per text (SPLADE).
+
+Each token's MLM logits over the vocabulary go through ``log(1 + relu(logits))`` and are max-pooled (or summed)
+over the text's tokens: a vocabulary-size vector whose non-zero entries are the terms the text is "about",
+including expansion terms it does not contain (Formal et al., 2021, "SPLADE v2"). Scores are dot products.
+
+The inference-free variant (Geng et al., 2024) sends documents through the MLM encoder but queries through a
+learned weight per vocabulary token: a query's vector is ``weight[t]`` for each distinct token ``t`` it contains,
+so encoding a query costs a tokeniser call and a lookup. In training, the query column's token ids are marked
+with :class:`QueryIds` (:func:`embforge.training.tasks.prepare` does it for such a model), and the forward routes
+them to the table.
+
+In training the forward returns dense ``(n, vocab)`` tensors (the losses need gradients through every entry);
+:meth:`SparseEncoder.encode` returns a ``scipy.sparse.csr_matrix`` (only the active dimensions are stored).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import Tensor, nn
+
+from embforge.kinds import ModelKind
+from embforge.modeling.module import TransformerModule
+from embforge.modeling.padding import in_length_chunks, pad_ids, sort_by_length
+from embforge.modeling.tokenizing import PromptTokenizing
+from embforge.progress import progress_bar, progress_enabled
+
+POOLINGS = ("max", "sum")
+ACTIVATIONS = ("relu", "log1p_relu")
+
+
+class QueryIds(list):  # type: ignore[type-arg]
+    """A query's token ids: an inference-free model sends these through its query weight table."""
+
+
+def splade_pool(
+    logits: Tensor, attention_mask: Tensor, *, pooling: str = "max", activation: str = "relu"
+) -> Tensor:
+    """``(batch, seq, vocab)`` MLM logits -> ``(batch, vocab)``: ``log1p(relu(logits))`` pooled over real tokens.
+
+    ``activation="log1p_relu"`` applies ``log1p`` once more (OpenSearch's SPLADE models). Padding positions
+    count as 0, which neither max nor sum pooling of non-negative values can pick up.
+    """
+    x = torch.log1p(torch.relu(logits * attention_mask.unsqueeze(-1).to(logits.dtype)))
+    if activation == "log1p_relu":
+        x = torch.log1p(x)
+    return x.amax(dim=1) if pooling == "max" else x.sum(dim=1)
+
+
+class SparseEncoder(PromptTokenizing, TransformerModule):
+    """A SPLADE model: texts -> sparse vocabulary-size vectors, scored by dot product.
+
+    Example:
+        >>> model = SparseEncoder.load("naver/splade-v3")  # doctest: +SKIP
+        >>> model.encode_document(["a cat sat"]).nnz  # doctest: +SKIP
+        117
+    """
+
+    kind: ClassVar[ModelKind] = ModelKind.SPARSE
+    name_or_path: str | None = None
+
+    def __init__(
+        self,
+        backbone: Any,
+        tokenizer: Any,
+        *,
+        pooling: str = "max",
+        activation: str = "relu",
+        max_seq_length: int = 256,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
+        query_weights: Tensor | None = None,
+        freeze_query_weights: bool = False,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS or activation not in ACTIVATIONS:
+            raise ValueError(
+                f"SPLADE pooling must be one of {POOLINGS} and activation one of {ACTIVATIONS}; "
+                f"got {pooling!r}, {activation!r}"
+            )
+        self.backbone = backbone  # a Hugging Face ...ForMaskedLM model
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.activation = activation
+        self.max_seq_length = max_seq_length
+        self.prompts = dict(prompts or {})
+        self.default_prompt_name = default_prompt_name
+        self.query_weights = (
+            None
+            if query_weights is None
+            else nn.Parameter(query_weights.float().clone(), requires_grad=not freeze_query_weights)
+        )
+        # the tokens the tokenizer adds around a text ([CLS], [SEP]) and padding: not part of a query's terms
+        added = {*tokenizer("")["input_ids"], self.pad_token_id}
+        self.special: Tensor
+        special = torch.zeros(self.dim, dtype=torch.bool)
+        special[[i for i in added if 0 <= i < self.dim]] = True
+        self.register_buffer("special", special, persistent=False)
+
+    @property
+    def dim(self) -> int:
+        """The vocabulary size (the length of every vector)."""
+        return int(self.backbone.config.vocab_size)
+
+    @property
+    def inference_free(self) -> bool:
+        """Whether queries go through the per-token weight table instead of the MLM encoder."""
+        return self.query_weights is not None
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        ids: Sequence[Sequence[int]] | Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        max_tokens: int = 4096,
+        dropout_seed: int | None = None,
+        places: Sequence[int] | None = None,
+    ) -> Tensor:
+        """Sparse vectors as a dense ``(n, vocab)`` float tensor, in the input order.
+
+        ``ids``: token-id lists (training; :class:`QueryIds` items go through the query table of an
+        inference-free model, the others through the MLM in length-sorted padded chunks of at most
+        ``max_tokens`` tokens, dropout keyed like :class:`~embforge.encoder.Encoder`'s padded path), or a padded
+        id tensor and its ``attention_mask`` (documents; inference and export).
+        """
+        if isinstance(ids, Tensor):
+            assert attention_mask is not None, "a padded id tensor needs its attention_mask"
+            return self._document_padded(ids, attention_mask)
+        if self.training and dropout_seed is None:
+            dropout_seed = int(torch.randint(0, 2**62, ()).item())
+        where = list(range(len(ids))) if places is None else list(places)
+        # each chunk's MLM logits are (tokens, vocab) floats: cap them at 2^27 (512 MiB), whatever the budget
+        max_tokens = min(max_tokens, max(self.max_seq_length, (1 << 27) // self.dim))
+        queries = [i for i, x in enumerate(ids) if isinstance(x, QueryIds)] if self.inference_free else []
+        if not queries:
+            return self._documents(ids, max_tokens=max_tokens, seed=dropout_seed, places=where)
+        chosen = set(queries)
+        documents = [i for i in range(len(ids)) if i not in chosen]
+        out = torch.zeros(len(ids), self.dim, device=self.device)
+        out = out.index_copy(0, self._rows(queries), self.query_vectors([ids[i] for i in queries]))
+        if documents:
+            docs = self._documents(
+                [ids[i] for i in documents],
+                max_tokens=max_tokens,
+                seed=dropout_seed,
+                places=[where[i] for i in documents],
+            )
+            out = out.index_copy(0, self._rows(documents), docs)
+        return out
+
+    def _rows(self, rows: list[int]) -> Tensor:
+        return torch.as_tensor(rows, dtype=torch.long, device=self.device)
+
+    def _documents(
+        self, ids: Sequence[Sequence[int]], *, max_tokens: int, seed: int | None, places: Sequence[int]
+    ) -> Tensor:
+        return in_length_chunks(
+            ids,
+            max_tokens,
+            lambda chunk: self._document_padded(*pad_ids(chunk, self.pad_token_id, device=self.device)),
+            seed=seed if self.training else None,
+            places=places,
+        )
+
+    def _document_padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        logits = self.backbone(input_ids=input_ids, attention_mask=attention_mask).logits
+        return splade_pool(logits.float(), attention_mask, pooling=self.pooling, activation=self.activation)
+
+    def query_vectors(self, ids: Sequence[Sequence[int]]) -> Tensor:
+        """Inference-free queries: ``weight[t]`` for each distinct non-special token ``t`` of each query."""
+        assert self.query_weights is not None, "query_vectors needs an inference-free model"
+        input_ids, mask = pad_ids(ids, self.pad_token_id, device=self.device)
+        present = (mask.bool() & ~self.special[input_ids]).float()
+        presence = torch.zeros(len(ids), self.dim, device=self.device)
+        presence = presence.scatter_reduce(1, input_ids, present, "amax")
+        return presence * self.query_weights
+
+    # ------------------------------------------------------------------ inference
+    def inference(self) -> AbstractContextManager[object]:
+        """Eval mode (restored afterwards) and no autograd."""
+        return _inference(self)
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        query: bool = False,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> sp.csr_matrix:
+        """Sparse vectors of ``texts``: an ``(n, vocab)`` float32 ``csr_matrix`` (only active dimensions stored).
+
+        ``query=True`` encodes queries: through the query table of an inference-free model, and with the
+        model's ``"query"`` prompt when it has one and no other prompt is given.
+        """
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if prompt is None and prompt_name is None and query and "query" in self.prompts:
+            prompt_name = "query"
+        enabled = progress_enabled(show_progress, steps=(len(batch) + batch_size - 1) // batch_size)
+        bar = progress_bar(total=len(batch), desc="encode", unit="text", enabled=enabled)
+        parts: list[sp.csr_matrix] = []
+        with self.inference():
+            ids = self.tokenize_ids(batch, prefix=self.prompt_text(prompt, prompt_name))
+            order = sort_by_length(ids)
+            for start in range(0, len(ids), batch_size):
+                chunk = [ids[i] for i in order[start : start + batch_size]]
+                dense = (
+                    self.query_vectors(chunk)
+                    if query and self.inference_free
+                    else self._encode_documents(chunk)
+                )
+                parts.append(sp.csr_matrix(dense.float().cpu().numpy()))
+                bar.update(len(chunk))
+                if on_batch is not None:
+                    on_batch(len(chunk))
+        bar.close()
+        if not parts:
+            return sp.csr_matrix((0, self.dim), dtype=np.float32)
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[np.asarray(order)] = np.arange(len(order))
+        return sp.csr_matrix(sp.vstack(parts, format="csr")[inverse], dtype=np.float32)
+
+    def _encode_documents(self, ids: Sequence[Sequence[int]]) -> Tensor:
+        return self._document_padded(*pad_ids(ids, self.pad_token_id, device=self.device))
+
+    def encode_query(self, texts: str | Sequence[str], **options: Any) -> sp.csr_matrix:
+        """:meth:`encode` with ``query=True``."""
+        return self.encode(texts, query=True, **options)
+
+    def encode_document(self, texts: str | Sequence[str], **options: Any) -> sp.csr_matrix:
+        """:meth:`encode` of documents (the ``"document"`` prompt when the model has one)."""
+        if "prompt" not in options and "prompt_name" not in options and "document" in self.prompts:
+            options["prompt_name"] = "document"
+        return self.encode(texts, **options)
+
+    def decode(
+        self, vector: sp.csr_matrix | sp.csr_array, *, top_k: int | None = None
+    ) -> list[tuple[str, float]]:
+        """The tokens and weights of one sparse vector (one row), largest weight first."""
+        row = sp.csr_matrix(vector)
+        order = np.argsort(-row.data)[:top_k]
+        tokens = self.tokenizer.convert_ids_to_tokens(row.indices[order].tolist())
+        return list(zip(tokens, row.data[order].tolist()))
+
+    # ------------------------------------------------------------------ persistence (sparse/folder.py)
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        device: str | torch.device | None = None,
+        max_seq_length: int | None = None,
+        inference_free: bool | None = None,
+    ) -> SparseEncoder:
+        """Load a sentence-transformers ``SparseEncoder`` folder (plain or inference-free ``Router``), or a
+        Hugging Face ``...ForMaskedLM`` folder (max pooling, ReLU). ``inference_free=True`` on a folder without
+        a query table adds one (all weights 1) for training."""
+        from embforge.sparse.folder import read_sparse_folder
+
+        model = read_sparse_folder(cls, path, max_seq_length=max_seq_length, inference_free=inference_free)
+        model.name_or_path = str(path)
+        if device is not None:
+            model.to(device)
+        return model
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a sentence-transformers ``SparseEncoder`` folder (loads with ``SparseEncoder(path)``)."""
+        from embforge.sparse.folder import write_sparse_folder
+
+        write_sparse_folder(self, path)
+
+
+@contextmanager
+def _inference(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
