@@ -3,10 +3,12 @@ searches, many times, and check the store after every kill.
 
 Each cycle starts a server process (``embforge.serve.runner.serve``: the code path of ``embforge serve --index``)
 on the same ``--index`` folder, runs ``--writers`` clients adding documents (1-4 per request, unique ids) and
-``--searchers`` clients searching, then SIGKILLs the server at a random moment. Compaction is set small
-(``--compact-bytes``) so kills also land in the middle of snapshots. After each kill the folder is opened and
-checked: it opens, every acknowledged document (its add answered 200) is there with its text, no add is half
-present (all of a request's documents or none), and nothing is there that was never sent.
+``--searchers`` clients searching, then SIGKILLs the server at a random moment. The documents are in SQLite (one
+transaction per add); with ``--index-kind hnsw`` the vector index is also saved beside them, and compaction is set
+small (``--compact-bytes``) so kills also land in the middle of index saves. After each kill the folder is opened
+(read-only, as ``embforge index search`` does) and checked: it opens, every acknowledged document (its add answered
+200) is there with its text, no add is half present (all of a request's documents or none), nothing is there that
+was never sent, and the vector index holds exactly the stored documents.
 
 Server processes are forked from a "zygote" that has imported torch, the server and the model code once, so a
 cycle costs the model load, not the imports; the zygote runs no torch op before forking (fork safety). The
@@ -180,8 +182,10 @@ def check(folder: Path, dim: int, ledger: Ledger) -> dict[str, int]:
     lost = ledger.acked - stored
     half = [g for g, ids in ledger.sent.items() if 0 < len(stored & set(ids)) < len(ids)]
     unknown = stored - sent_ids
-    wrong_text = [i for i in stored & sent_ids if store.docs[i]["text"] != ledger.texts[i]]
-    store.index.close()
+    texts = store.fetch(sorted(stored & sent_ids))
+    wrong_text = [i for i, doc in texts.items() if doc["text"] != ledger.texts[i]]
+    index_mismatch = len(store.index) != len(stored) or not all(store.index.has(i) for i in stored)
+    store.close()
     return {
         "stored": len(stored),
         "acked": len(ledger.acked),
@@ -189,6 +193,7 @@ def check(folder: Path, dim: int, ledger: Ledger) -> dict[str, int]:
         "half_present": len(half),
         "unknown": len(unknown),
         "wrong_text": len(wrong_text),
+        "index_mismatch": int(index_mismatch),
         "unacked_present": len(stored - ledger.acked),
     }
 
@@ -223,7 +228,7 @@ def main() -> None:
     assert zygote.stdin is not None and zygote.stdout is not None
     assert zygote.stdout.readline().strip() == "ready"
     ledger = Ledger()
-    totals = {"opened": 0, "lost": 0, "half_present": 0, "unknown": 0, "wrong_text": 0}
+    totals = {"opened": 0, "lost": 0, "half_present": 0, "unknown": 0, "wrong_text": 0, "index_mismatch": 0}
     started = time.perf_counter()
     dim = None
     try:
@@ -268,7 +273,7 @@ def main() -> None:
             result = check(folder, dim, ledger)
             result["start_s"], result["check_s"] = round(ready_s, 2), round(time.perf_counter() - t0, 2)
             totals["opened"] += 1
-            for key in ("lost", "half_present", "unknown", "wrong_text"):
+            for key in ("lost", "half_present", "unknown", "wrong_text", "index_mismatch"):
                 totals[key] += result[key]
             print(f"cycle {cycle + 1:3d}: {json.dumps(result)}", flush=True)
     finally:
@@ -282,11 +287,12 @@ def main() -> None:
         "half_present_adds": totals["half_present"],
         "never_sent_present": totals["unknown"],
         "wrong_text": totals["wrong_text"],
+        "index_mismatch": totals["index_mismatch"],
         "adds_rejected": ledger.add_rejected,
         "searches_ok": ledger.search_ok,
         "searches_failed": ledger.search_failed,
         "seconds": round(time.perf_counter() - started, 1),
-        "snapshots_left": sorted(p.name for p in folder.iterdir() if p.name.startswith(("snap-", "wal-"))),
+        "files_left": sorted(p.name for p in folder.iterdir()),
     }
     print(json.dumps(summary))
 

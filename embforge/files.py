@@ -32,6 +32,8 @@ __all__ = [
     "DataError",
     "append_jsonl",
     "atomic_dir",
+    "fsync_dir",
+    "fsync_tree",
     "read_jsonl",
     "read_lines",
     "write_bytes_atomic",
@@ -62,7 +64,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -87,7 +89,7 @@ def atomic_dir(final: str | os.PathLike, write: Callable[[Path], Any]) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -98,10 +100,11 @@ def fsync_tree(root: Path) -> None:
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
     for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        _fsync_dir(folder)
+        fsync_dir(folder)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new file in ``folder`` durable (a no-op where folders cannot be opened)."""
     try:
         handle = os.open(folder, os.O_RDONLY)
     except OSError:  # some systems cannot open folders; the rename is still atomic there

@@ -52,8 +52,8 @@ def test_serve_opens_what_index_build_wrote_with_its_texts(tiny_model_dir: Path,
     hits = _last_json(capsys.readouterr().out)["results"][0]["hits"]
     assert hits[0]["id"] == "d4" and hits[0]["text"] == "oil price falls" and hits[0]["score"] > 0.99
     assert len(hits) == 2
-    meta = json.loads((tmp_path / "idx" / "store.json").read_text())
-    assert meta["model"] == {
+    recorded = DocumentStore.open(tmp_path / "idx", dim=model.dim, read_only=True)
+    assert recorded.model == {
         "name": str(tiny_model_dir),
         "fingerprint": model_identity(model, "")["fingerprint"],
     }
@@ -112,7 +112,10 @@ def test_corpus_cache_is_reused_by_a_second_build(
     argv = _build(tmp_path, tiny_model_dir, "--corpus-cache", str(cache), "--index-kind", "hnsw")
     assert main(argv) == 0
     assert _last_json(capsys.readouterr().out)["documents"] == 5
-    assert json.loads((tmp_path / "idx" / "store.json").read_text())["kind"] == "hnsw"
+    from embforge.serve.store import DocumentStore
+
+    dim = Encoder.load(tiny_model_dir).dim
+    assert DocumentStore.open(tmp_path / "idx", dim=dim, read_only=True).kind == "hnsw"
 
 
 def test_one_flag_vocabulary_with_deprecated_spellings(tiny_model_dir: Path, tmp_path: Path, capsys):

@@ -1,10 +1,12 @@
-"""The document store (issue #15): any id round-trips, adds are append-only, a crash (kill -9) never leaves a
-store that refuses to open, duplicate ids under concurrency, compaction, kinds and models recorded."""
+"""The document store: any id round-trips, an add writes what it adds (not the store), a crash (kill -9) never
+leaves a store that refuses to open nor loses an acknowledged add, duplicate ids under concurrency, the vector index
+checked against the rows, compaction, kinds and models recorded."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -41,6 +43,12 @@ def _docs(ids, prefix="text"):
     return [{"id": i, "text": f"{prefix} {i}", "fields": {"n": n}} for n, i in enumerate(ids)]
 
 
+def crash_image(folder: Path, to: Path) -> Path:
+    """The files of an open store as they are on disk now: what a kill -9 of its process would leave."""
+    shutil.copytree(folder, to)
+    return to
+
+
 def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
     return {
         str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size)
@@ -56,13 +64,13 @@ def test_ids_with_line_breaks_round_trip_through_a_restart(tmp_path: Path, kind:
     vectors = _vectors(len(ODD_IDS))
     store = DocumentStore.open(tmp_path / "s", dim=DIM, kind=kind)
     store.add(_docs(ODD_IDS), vectors)
-    store.close()  # compacts: the snapshot holds them now
+    store.close()  # SQLite's log folded into the database
     again = DocumentStore.open(tmp_path / "s", dim=DIM)
     assert list(again.docs) == ODD_IDS
     hits = again.search(vectors, 1)
     assert [h[0]["id"] for h in hits] == ODD_IDS
     assert again.docs["i\u2028j"] == {"text": "text i\u2028j", "fields": {"n": 4}}
-    again.add(_docs(["after"]), _vectors(1, 1))  # and from the log, without a compaction
+    again.add(_docs(["after"]), _vectors(1, 1))  # and from SQLite's log, before any checkpoint
     third = DocumentStore.open(tmp_path / "s", dim=DIM)
     assert list(third.docs) == [*ODD_IDS, "after"]
 
@@ -83,34 +91,35 @@ def test_index_save_and_load_keep_odd_ids(tmp_path: Path, kind: str):
     assert again.search(vectors, 1)[1] == [[i] for i in ODD_IDS]
 
 
-def test_adding_documents_appends_and_rewrites_nothing(tmp_path: Path):
+@pytest.mark.parametrize("size", [1000, 20000])
+def test_an_add_writes_what_it_adds_not_the_store(tmp_path: Path, size: int):
     store = DocumentStore.open(tmp_path / "s", dim=DIM)
-    store.add(_docs([f"d{i}" for i in range(1000)]), _vectors(1000))
+    store.add(_docs([f"d{i}" for i in range(size)]), _vectors(size))
     store.compact()
     before = _files(tmp_path / "s")
     store.add(_docs([f"new{i}" for i in range(8)]), _vectors(8, 1))
     after = _files(tmp_path / "s")
     changed = {name for name in after if after[name] != before.get(name)}
-    assert len(changed) == 1 and changed.pop().startswith("wal-")  # only the log grew
+    assert changed == {"documents.sqlite-wal"}  # only SQLite's log grew
     grown = sum(v[2] for v in after.values()) - sum(v[2] for v in before.values())
-    assert grown < 8 * (DIM * 4 + 200)  # the 8 documents, not the 1,008
-    assert len(DocumentStore.open(tmp_path / "s", dim=DIM)) == 1008
+    assert grown <= 16 * (4096 + 24)  # a few pages (4 KiB + frame header), not the store's 0.3-6 MB
+    store.close()
+    assert len(DocumentStore.open(tmp_path / "s", dim=DIM)) == size + 8
 
 
-def test_a_torn_last_record_is_cut_and_the_rest_kept(tmp_path: Path):
+def test_a_torn_tail_of_sqlites_log_is_cut_and_the_rest_kept(tmp_path: Path):
     store = DocumentStore.open(tmp_path / "s", dim=DIM, compact_bytes=None)
     store.add(_docs(["a", "b"]), _vectors(2))
     store.add(_docs(["c"]), _vectors(1, 1))
-    log = store._log.path
-    size = log.stat().st_size
-    store._log.close()  # a crash: no close(), no compaction
-    with open(log, "ab") as handle:  # the next add died half-written
-        handle.write(b"EFW1\x40\x00\x00\x00garbage")
-    again = DocumentStore.open(tmp_path / "s", dim=DIM)
+    folder = crash_image(tmp_path / "s", tmp_path / "crashed")
+    store.close()
+    with open(folder / "documents.sqlite-wal", "ab") as handle:  # the next commit died half-written
+        handle.write(b"\x00\x00\x00\x02" + b"garbage" * 100)
+    again = DocumentStore.open(folder, dim=DIM)
     assert list(again.docs) == ["a", "b", "c"]
-    assert log.stat().st_size == size  # the torn tail is gone, appends continue after "c"
     again.add(_docs(["d"]), _vectors(1, 2))
-    assert list(DocumentStore.open(tmp_path / "s", dim=DIM).docs) == ["a", "b", "c", "d"]
+    again.close()
+    assert list(DocumentStore.open(folder, dim=DIM).docs) == ["a", "b", "c", "d"]
 
 
 def test_a_document_that_cannot_be_stored_changes_nothing(tmp_path: Path):
@@ -119,6 +128,9 @@ def test_a_document_that_cannot_be_stored_changes_nothing(tmp_path: Path):
     for bad in ({"x": float("nan")}, {"x": object()}):
         with pytest.raises(ValueError, match="cannot be stored"):
             store.add([{"id": "b", "text": "t", "fields": bad}], _vectors(1, 1))
+    for key, text in (("b", "\ud800"), ("b\udfff", "t")):  # a lone surrogate is not text SQLite can hold
+        with pytest.raises(ValueError, match="cannot be stored: not valid Unicode"):
+            store.add([*_docs(["ok"]), {"id": key, "text": text}], _vectors(2, 1))
     with pytest.raises(ValueError, match="shape"):
         store.add(_docs(["b"]), _vectors(2))
     store.add(_docs(["b"]), _vectors(1, 1))  # not jammed: b was never half-added
@@ -150,22 +162,22 @@ def test_concurrent_adds_of_one_id_exactly_one_wins(tmp_path: Path):
 
 
 def test_compaction_in_the_background_keeps_every_add(tmp_path: Path):
-    store = DocumentStore.open(tmp_path / "s", dim=DIM, durable=False, compact_bytes=2000)
+    pytest.importorskip("faiss")
+    store = DocumentStore.open(tmp_path / "s", dim=DIM, kind="hnsw", durable=False, compact_bytes=300)
     for n in range(60):
         store.add(_docs([f"d{n}"]), _vectors(1, n))
         if n % 7 == 0:
             assert store.search(_vectors(1, n), 1)[0][0]["id"] == f"d{n}"
     deadline = time.time() + 10
-    while not any(p.name.startswith("snap-") for p in (tmp_path / "s").iterdir()) and time.time() < deadline:
+    while not (tmp_path / "s" / "index" / "rows.json").exists() and time.time() < deadline:
         time.sleep(0.05)
+    assert (tmp_path / "s" / "index" / "rows.json").exists()  # merged and saved off the request path
     store.close()
-    names = sorted(p.name for p in (tmp_path / "s").iterdir())
-    assert (
-        len([n for n in names if n.startswith("snap-")]) == 1
-        and len([n for n in names if n.startswith("wal-")]) == 1
-    )
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["documents.sqlite", "index"]
+    assert json.loads((tmp_path / "s" / "index" / "rows.json").read_text()) == {"seq": 60}
     again = DocumentStore.open(tmp_path / "s", dim=DIM)
     assert list(again.docs) == [f"d{n}" for n in range(60)]
+    assert len(again.index.main) == 60 and again.index.pending() == 0
 
 
 def test_kind_and_model_are_recorded_and_checked(tmp_path: Path):
@@ -182,21 +194,14 @@ def test_kind_and_model_are_recorded_and_checked(tmp_path: Path):
     assert DocumentStore.open(tmp_path / "s", dim=DIM, model=model).kind == "exact"
 
 
-def test_a_store_of_the_previous_format_with_more_documents_than_vectors_opens(tmp_path: Path):
-    from embforge.retrieval.index.exact import NumpyIndex
-
+@pytest.mark.parametrize("old", ["store.json", "index.json"])
+def test_a_folder_of_an_older_format_is_refused_with_what_to_do(tmp_path: Path, old: str):
     folder = tmp_path / "old"
-    (folder / "index").parent.mkdir(parents=True)
-    index = NumpyIndex(DIM)
-    index.add(["a", "b"], _vectors(2))
-    index.save(folder / "index")
-    (folder / "documents.jsonl").write_text("".join(json.dumps(d) + "\n" for d in _docs(["a", "b", "c"])))
-    (folder / "store.json").write_text(json.dumps({"dim": DIM, "index": "exact", "documents": 3}))
-    store = DocumentStore.open(folder, dim=DIM)  # "3 documents but 2 vectors" used to refuse
-    assert list(store.docs) == ["a", "b"]  # c had no vector: its add was never acknowledged
-    store.close()
-    assert json.loads((folder / "store.json").read_text())["format"] == 2
-    assert list(DocumentStore.open(folder, dim=DIM).docs) == ["a", "b"]
+    folder.mkdir()
+    (folder / old).write_text(json.dumps({"dim": DIM, "format": 2}))
+    with pytest.raises(ValueError, match=r"older 'embforge index build'.*rebuild it: embforge index build"):
+        DocumentStore.open(folder, dim=DIM)
+    assert sorted(p.name for p in folder.iterdir()) == [old]  # nothing written
 
 
 WRITER = """
@@ -247,7 +252,7 @@ def test_kill_9_during_adds_never_loses_or_half_keeps_a_document(tmp_path: Path,
         assert all({f"{g}-{j}" for j in range(4)} <= stored for g in groups)  # an add is all or nothing
         assert stored <= tried
         assert len(store.index) == len(stored)
-        store._log.close()
+        store.close()
 
 
 def test_an_hnsw_store_adds_to_an_exact_delta_and_merges_it_when_compacting(tmp_path: Path):
@@ -273,3 +278,26 @@ def test_an_hnsw_store_adds_to_an_exact_delta_and_merges_it_when_compacting(tmp_
     store.close()
     again = DocumentStore.open(tmp_path / "s", dim=DIM)
     assert len(again.index.main) == 340 and again.search(new[39:40], 1)[0][0]["id"] == "new4-7"
+
+
+def test_the_saved_index_is_checked_against_the_rows_and_caught_up(tmp_path: Path, caplog):
+    pytest.importorskip("faiss")
+    from embforge.retrieval.index.registry import create_index
+
+    base, new = _vectors(300), _vectors(40, 1)
+    store = DocumentStore.build(tmp_path / "s", [f"d{i}" for i in range(300)], ["t"] * 300, base, kind="hnsw")
+    store.add(_docs([f"new{j}" for j in range(40)]), new)
+    crashed = crash_image(tmp_path / "s", tmp_path / "crashed")  # the 40 are in the rows, not in index/
+    store.close()
+    again = DocumentStore.open(crashed, dim=DIM)
+    assert len(again.index.main) == 300 and again.index.pending() == 40  # loaded, then caught up
+    assert again.search(new[39:40], 1)[0][0]["id"] == "new39"
+    again.close()
+    other = create_index("hnsw", DIM)  # an index/ that does not hold the rows' ids: rebuilt from the rows
+    other.add([f"x{i}" for i in range(340)], _vectors(340, 3))
+    other.save(crashed / "index")
+    (crashed / "index" / "rows.json").write_text('{"seq": 340}')
+    with caplog.at_level("WARNING", logger="embforge.store"):
+        third = DocumentStore.open(crashed, dim=DIM)
+    assert "does not match the documents" in caplog.text
+    assert len(third.index) == 340 and third.search(base[:1], 1)[0][0]["id"] == "d0"

@@ -1,7 +1,8 @@
 """The embedding server: ``create_app(...)`` builds a FastAPI app; nothing is loaded or started at import.
 
 Modules: ``config`` (ServeConfig), ``batcher`` (dynamic micro-batching), ``metrics`` (Prometheus text),
-``store`` (documents + vector index, persisted), ``app`` (the endpoints), ``runner`` (load models, run uvicorn).
+``store`` (documents in SQLite, ``database``, + the vector index beside them, ``vectors``), ``app`` (the endpoints),
+``runner`` (load models, run uvicorn).
 """
 
 from __future__ import annotations

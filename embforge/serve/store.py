@@ -1,45 +1,52 @@
-"""The searchable documents: texts and fields next to a vector index, crash-consistent in one folder.
+"""The searchable documents: texts, fields and vectors in SQLite, with a vector index beside them, in one folder.
 
 The one on-disk format of an index: ``embforge index build`` writes it, ``embforge serve --index`` and
 ``embforge index search`` open it. Layout::
 
-    store.json          {"format": 2, "dim", "kind", "options", "model": {"name", "fingerprint"},
-                         "snapshot": "snap-00000003" | null, "log_start": 3}
-    snap-00000003/      documents.jsonl (one {"id", "text", "fields"} a line, JSON-escaped) + index/ (its save)
-    wal-00000003.log    adds acknowledged since that snapshot (:mod:`embforge.serve.wal`), then -00000004, ...
+    documents.sqlite   SQLite in WAL mode (format: PRAGMA user_version = 3)
+                         documents(seq INTEGER PRIMARY KEY, id TEXT UNIQUE, text, fields JSON, vector float32 BLOB)
+                         meta(key, value JSON): dim, kind, options, model {"name", "fingerprint"}
+    index/             the vector index's own files + rows.json, for kinds other than exact (:mod:`.vectors`)
+    storage/           where an index that keeps its own files (Qdrant's embedded mode) lives
 
-An add appends one checksummed record (documents and vectors together) to the log and fsyncs it before it is
-acknowledged; nothing else is rewritten, so it costs the same at 1k and at 100k documents. Opening replays the
-log over the snapshot; a record torn by a crash (the last one) is cut off, never an error. Compaction (a
-background thread, when the log passes ``compact_bytes``, and at :meth:`close`) rotates to a new log segment,
-writes a new snapshot from a capture of the state while adds and searches go on, then switches ``store.json`` to it
-in one atomic rename and deletes what it replaced. Vectors are L2-normalised on the way in: scores are cosines.
+An add is one SQLite transaction holding its documents and their vectors, committed (fsynced: WAL mode with
+``synchronous=FULL``) before it is acknowledged. SQLite's recovery keeps every committed transaction and drops a
+torn one, so a crash (kill -9 included) never loses an acknowledged add nor keeps half of one, and an add writes
+the pages it changes, not the store. The vector index is derived from the rows: rebuilt from them, or reloaded
+from ``index/`` and checked against them (:func:`~embforge.serve.vectors.load_vectors`). Vectors are
+L2-normalised on the way in: scores are cosines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import re
+import os
 import shutil
+import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from embforge.retrieval.index.base import VectorIndex
-from embforge.retrieval.index.registry import check_kind, create_index
-from embforge.serve.tiers import TieredIndex
-from embforge.serve.wal import LogWriter, encode_record, to_json
+from embforge.files import fsync_dir
+from embforge.serve.database import (
+    ModelMismatchError,
+    SqliteRows,
+    connect,
+    is_store,
+    open_folder,
+    read_meta,
+    to_json,
+    write_meta,
+)
+from embforge.serve.vectors import StoreIndex, load_vectors, save_index
 
-STORE_FILE = "store.json"
-DOCS_FILE = "documents.jsonl"
-INDEX_DIR = "index"
-STORAGE_DIR = "storage"  # where an index that keeps its own files (Qdrant's embedded mode) lives
-FORMAT = 2
-SEGMENT_NAME = re.compile(r"wal-(\d{8})\.log")
+__all__ = ["DocumentStore", "DuplicateIdError", "ModelMismatchError", "model_identity"]
+
 log = logging.getLogger("embforge.store")
 
 
@@ -50,10 +57,6 @@ class DuplicateIdError(ValueError):
         super().__init__(f"document id {key!r} (position {position}) is already in the index")
         self.position = position
         self.key = key
-
-
-class ModelMismatchError(ValueError):
-    """The store was built by another model than the one opening it."""
 
 
 def model_identity(model: Any, name: str) -> dict[str, Any]:
@@ -78,7 +81,8 @@ def _unit(x: np.ndarray, dim: int, n: int) -> np.ndarray:
     return array / np.maximum(np.linalg.norm(array, axis=-1, keepdims=True), 1e-12)
 
 
-def _clean(position: int, doc: dict[str, Any]) -> dict[str, Any]:
+def _row(position: int, doc: Mapping[str, Any]) -> tuple[str, str, str]:
+    """``(id, text, fields JSON)`` of one added document, or a ``ValueError`` saying why it cannot be stored."""
     key, text, fields = doc.get("id"), doc.get("text"), doc.get("fields") or {}
     if not isinstance(key, str) or not key:
         raise ValueError(f"document {position}: 'id' must be a non-empty string, got {key!r}")
@@ -86,7 +90,41 @@ def _clean(position: int, doc: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"document {position}: 'text' must be a string, got {type(text).__name__}")
     if not isinstance(fields, dict):
         raise ValueError(f"document {position}: 'fields' must be an object, got {type(fields).__name__}")
-    return {"id": key, "text": text, "fields": dict(fields)}
+    for name, value in (("id", key), ("text", text)):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"document {position}: its {name} cannot be stored: not valid Unicode ({err.reason} at {err.start})"
+            ) from None
+    try:
+        return key, text, to_json(fields)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"document {position}: a field cannot be stored: {err}") from err
+
+
+class Documents(Mapping[str, dict[str, Any]]):
+    """The stored documents, read-only: ``id -> {"text", "fields"}``, iterated in the order they were added."""
+
+    def __init__(self, store: DocumentStore) -> None:
+        self._store = store
+
+    def __getitem__(self, key: str) -> dict[str, Any]:
+        found = self._store.fetch([key])
+        if key not in found:
+            raise KeyError(key)
+        return found[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([key for (key,) in self._store._read("SELECT id FROM documents ORDER BY seq", ())])
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and bool(
+            self._store._read("SELECT 1 FROM documents WHERE id = ?", (key,))
+        )
 
 
 class DocumentStore:
@@ -99,7 +137,14 @@ class DocumentStore:
         kind: Index kind (:data:`~embforge.retrieval.index.registry.INDEX_KINDS`).
         options: Index options (e.g. ``{"m": 32}`` for HNSW, ``{"url": ...}`` for a Qdrant server).
         model: ``{"name", "fingerprint"}`` of the model whose vectors the store holds (:func:`model_identity`).
-        index: An index to use instead of a new one of ``kind`` (:meth:`open` passes the loaded one).
+
+    Example:
+        >>> store = DocumentStore(2)  # memory-only
+        >>> store.add([{"id": "a\\nb", "text": "first"}, {"id": "c", "text": "second", "fields": {"n": 1}}], np.eye(2))
+        >>> [(hit["id"], hit["fields"]) for hit in store.search(np.array([[0.1, 1.0]]), 2)[0]]
+        [('c', {'n': 1}), ('a\\nb', {})]
+        >>> store.docs["a\\nb"], len(store)
+        ({'text': 'first', 'fields': {}}, 2)
     """
 
     def __init__(
@@ -109,26 +154,39 @@ class DocumentStore:
         kind: str = "exact",
         options: dict[str, Any] | None = None,
         model: dict[str, Any] | None = None,
-        index: VectorIndex | None = None,
     ) -> None:
-        self.dim = int(dim)
-        self.kind = check_kind(kind)
-        self.options = dict(options or {})
-        self.model = model
-        self.folder: Path | None = None
-        self.docs: dict[str, dict[str, Any]] = {}
-        main = index if index is not None else create_index(kind, self.dim, **self.options)
-        self.index = TieredIndex(main, tiered=False)  # :meth:`open` tiers it (adds to a delta, merged later)
-        self._lock = threading.RLock()  # the in-memory state: held by search, and by add while it applies
-        self._write_lock = threading.Lock()  # one writer at a time: log order = apply order
+        conn = connect(":memory:")
+        write_meta(conn, {"dim": int(dim), "kind": kind, "options": dict(options or {}), "model": model})
+        self._attach(conn, conn, None, compact_bytes=None)
+
+    def _attach(
+        self,
+        writer: sqlite3.Connection | None,
+        reader: sqlite3.Connection,
+        folder: Path | None,
+        *,
+        compact_bytes: int | None,
+    ) -> None:
+        meta = read_meta(reader)
+        assert meta is not None
+        self.dim, self.kind = int(meta["dim"]), str(meta["kind"])
+        self.options, self.model = dict(meta.get("options") or {}), meta.get("model")
+        self.folder = folder
+        self._writer, self._reader = writer, reader
+        self._read_lock = threading.Lock()  # the reader connection (the writer too, in a memory-only store)
+        self._lock = threading.RLock()  # the vector index: held by search, and by add while it applies
+        self._write_lock = threading.Lock()  # one writer at a time: seq order = commit order
         self._compact_lock = threading.Lock()
-        self._log: LogWriter | None = None
-        self._segment = 0
-        self._log_bytes = 0  # logged since the last snapshot
-        self.compact_bytes: int | None = None
+        self._seq = reader.execute("SELECT coalesce(max(seq), 0) FROM documents").fetchone()[0]
+        self._count = reader.execute("SELECT count(*) FROM documents").fetchone()[0]
+        self.index: StoreIndex = load_vectors(
+            folder, SqliteRows(reader, self.dim), kind=self.kind, dim=self.dim, options=self.options
+        )
+        self.compact_bytes = compact_bytes
         self._wake = threading.Event()
         self._closing = False
         self._compactor: threading.Thread | None = None
+        self._wake_compactor()  # a long tail of rows caught up on open: merge it soon
 
     # ---- opening -------------------------------------------------------------------------------------------
 
@@ -146,7 +204,7 @@ class DocumentStore:
         durable: bool = True,
         compact_bytes: int | None = 64 << 20,
     ) -> DocumentStore:
-        """Open the store in ``folder``, recovering from any crash, or start an empty one there.
+        """Open the store in ``folder`` (after any crash: SQLite recovers it), or start an empty one there.
 
         Args:
             folder: The store folder (created when missing).
@@ -159,12 +217,10 @@ class DocumentStore:
             allow_model_mismatch: Open it anyway (logged as a warning).
             read_only: Change nothing on disk (``embforge index search``); :meth:`add` is then an error.
             durable: fsync each add before it is acknowledged (off only for benchmarks of the rest).
-            compact_bytes: Compact in the background once this much log is written (``None``: only at close).
+            compact_bytes: Merge recent adds into the saved index in the background once their vectors take this
+                many bytes (kinds other than exact; ``None``: only at close).
         """
-        from embforge.serve.snapshots import recover
-
-        return recover(
-            cls,
+        writer, reader = open_folder(
             Path(folder),
             dim=dim,
             kind=kind,
@@ -173,8 +229,10 @@ class DocumentStore:
             allow_model_mismatch=allow_model_mismatch,
             read_only=read_only,
             durable=durable,
-            compact_bytes=compact_bytes,
         )
+        store = cls.__new__(cls)
+        store._attach(writer, reader, Path(folder), compact_bytes=compact_bytes)
+        return store
 
     @classmethod
     def build(
@@ -188,26 +246,73 @@ class DocumentStore:
         options: dict[str, Any] | None = None,
         model: dict[str, Any] | None = None,
     ) -> DocumentStore:
-        """Write a new store of these documents to ``folder`` (replacing a store or index there) in one snapshot;
-        what ``embforge index build`` does. Returns the store, open in ``folder``."""
-        from embforge.serve.snapshots import build
-
-        return build(cls, Path(folder), ids, texts, vectors, kind=kind, options=options, model=model)
+        """Write a new store of these documents to ``folder`` (replacing a store or index there), staged beside it
+        and swapped in when complete; what ``embforge index build`` does. Returns the store, open in ``folder``."""
+        root = Path(folder)
+        if len(ids) != len(texts) or len(ids) != len(vectors):
+            raise ValueError(
+                f"{len(ids)} ids, {len(texts)} texts and {len(vectors)} vectors; they must match"
+            )
+        if root.exists() and any(root.iterdir()) and not is_store(root):
+            raise ValueError(
+                f"{root} is a folder with other files, not an embforge index; choose another --index"
+            )
+        dim = int(np.shape(vectors)[1])
+        stage = root.with_name(root.name + ".building")
+        remove(stage)
+        store = cls.open(stage, dim=dim, kind=kind, options=options, model=model, compact_bytes=None)
+        store.add([{"id": key, "text": text} for key, text in zip(ids, texts)], vectors)
+        store.close()  # merges the adds into the main index and saves it
+        old = root.with_name(root.name + ".replaced")
+        remove(old)
+        if root.exists():
+            os.replace(root, old)
+        os.replace(stage, root)
+        fsync_dir(root.parent)
+        remove(old)
+        return cls.open(root, dim=dim, model=model)
 
     # ---- reading and writing ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self.docs)
+        return self._count
+
+    @property
+    def docs(self) -> Documents:
+        """The documents as a read-only mapping ``id -> {"text", "fields"}`` (in the order they were added)."""
+        return Documents(self)
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+        with self._read_lock:
+            return self._reader.execute(sql, params).fetchall()
+
+    def _present(self, ids: Sequence[str], read: Any) -> list[int]:
+        found: set[str] = set()
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), 500):
+            part = unique[start : start + 500]
+            marks = ",".join("?" * len(part))
+            found.update(key for (key,) in read(f"SELECT id FROM documents WHERE id IN ({marks})", part))
+        seen: set[str] = set()
+        out = []
+        for pos, key in enumerate(ids):
+            if key in found or key in seen:
+                out.append(pos)
+            seen.add(key)
+        return out
 
     def duplicates(self, ids: Sequence[str]) -> list[int]:
         """Positions of ids that are already stored or repeated within ``ids``."""
-        seen: set[str] = set()
-        out = []
-        with self._lock:
-            for pos, key in enumerate(ids):
-                if key in self.docs or key in seen:
-                    out.append(pos)
-                seen.add(key)
+        return self._present(ids, self._read)
+
+    def fetch(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """``{id: {"text", "fields"}}`` of the stored ones among ``ids``."""
+        out: dict[str, dict[str, Any]] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), 500):
+            part = unique[start : start + 500]
+            sql = f"SELECT id, text, fields FROM documents WHERE id IN ({','.join('?' * len(part))})"
+            out.update({k: {"text": t, "fields": json.loads(f)} for k, t, f in self._read(sql, part)})
         return out
 
     def add(self, documents: Sequence[dict[str, Any]], vectors: np.ndarray) -> None:
@@ -218,92 +323,94 @@ class DocumentStore:
                 concurrent adds of one id exactly one succeeds).
             ValueError: a bad document, field (not JSON, NaN) or vector; nothing was changed.
         """
-        if self.folder is not None and self._log is None:
+        if self._writer is None:
             raise ValueError(f"{self.folder}: the store was opened read-only")
-        docs = [_clean(i, d) for i, d in enumerate(documents)]
-        array = _unit(vectors, self.dim, len(docs))
-        record = encode_record(docs, array) if self._log is not None else b""
-        ids = [d["id"] for d in docs]
-        with self._write_lock:
-            dup = self.duplicates(ids)
+        rows = [_row(i, d) for i, d in enumerate(documents)]
+        unit = _unit(vectors, self.dim, len(rows))
+        ids = [row[0] for row in rows]
+        with self._write_lock, self._shared():
+            dup = self._present(ids, self._writer.execute)
             if dup:
                 raise DuplicateIdError(dup[0], ids[dup[0]])
-            start = self._log.size if self._log is not None else 0
-            if self._log is not None:
-                self._log.append(record)
+            first = self._seq + 1
+            values = [(first + i, *row, unit[i].astype("<f4").tobytes()) for i, row in enumerate(rows)]
+            self._transaction("INSERT INTO documents VALUES (?, ?, ?, ?, ?)", values)
             try:
                 with self._lock:
-                    self.index.add(ids, array)
-                    for doc in docs:
-                        self.docs[doc["id"]] = {"text": doc["text"], "fields": doc["fields"]}
+                    self.index.add(ids, unit, first + len(rows) - 1)
             except BaseException:
-                if self._log is not None:
-                    self._log.truncate(start)
+                self._transaction("DELETE FROM documents WHERE seq >= ?", [(first,)])
                 raise
-            self._log_bytes += len(record)
-        if self.compact_bytes is not None and self._log_bytes >= self.compact_bytes:
-            self._start_compactor()
-            self._wake.set()
+            self._seq += len(rows)
+            self._count += len(rows)
+        self._wake_compactor()
+
+    def _shared(self) -> contextlib.AbstractContextManager:
+        """The reader's lock when the reader is the writer (a memory-only store), so reads see no open write."""
+        return self._read_lock if self._reader is self._writer else contextlib.nullcontext()
+
+    def _transaction(self, sql: str, values: list[tuple]) -> None:
+        assert self._writer is not None
+        self._writer.execute("BEGIN IMMEDIATE")
+        try:
+            self._writer.executemany(sql, values)
+            self._writer.execute("COMMIT")
+        except BaseException:
+            self._writer.execute("ROLLBACK")
+            raise
 
     def search(self, queries: np.ndarray, k: int, *, with_text: bool = True) -> list[list[dict[str, Any]]]:
         """Top-``k`` documents per query vector: ``[{"id", "score", "text", "fields"}, ...]`` best first."""
         queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
         unit = queries / np.maximum(np.linalg.norm(queries, axis=-1, keepdims=True), 1e-12)
         with self._lock:
-            if not self.docs:
+            if not len(self.index):
                 return [[] for _ in range(len(unit))]
             scores, ids = self.index.search(unit, k)
-            results = []
-            for row_scores, row_ids in zip(scores, ids):
-                hits = []
-                for score, key in zip(row_scores, row_ids):
-                    doc = self.docs.get(key)
-                    if doc is None:  # a vector whose add was rolled back in a remote index
-                        continue
-                    hit: dict[str, Any] = {"id": key, "score": float(score)}
-                    if with_text:
-                        hit["text"] = doc["text"]
-                    hit["fields"] = doc["fields"]
-                    hits.append(hit)
-                results.append(hits)
-            return results
+        docs = self.fetch([key for row in ids for key in row])  # rows are never removed: no lock needed
+        results = []
+        for row_scores, row_ids in zip(scores, ids):
+            hits = []
+            for score, key in zip(row_scores, row_ids):
+                doc = docs.get(key)
+                if doc is None:  # a point a remote index holds without a row here
+                    continue
+                hit: dict[str, Any] = {"id": key, "score": float(score)}
+                if with_text:
+                    hit["text"] = doc["text"]
+                hit["fields"] = doc["fields"]
+                hits.append(hit)
+            results.append(hits)
+        return results
 
     # ---- compaction ------------------------------------------------------------------------------------------
 
     def compact(self) -> bool:
-        """Write a snapshot of everything logged so far and drop the log it replaces; adds and searches go on
-        meanwhile (they wait only for the capture). Returns whether there was anything to compact."""
-        if self.folder is None or self._log is None:
+        """Merge the adds since the last compaction into the main index and save it beside the rows (kinds other
+        than exact), and checkpoint SQLite's log into the database; adds and searches go on meanwhile (they wait
+        only for the cut). Returns whether there were adds to merge."""
+        if self.folder is None or self._writer is None:
             return False
-        from embforge.serve.snapshots import write_snapshot
-
         with self._compact_lock:
+            with self._write_lock, self._lock:
+                merging = self.index.freeze()
+            if merging:
+                save_index(self.folder, self.index.merge(self._lock), self.index.seq)
             with self._write_lock:
-                if self._log_bytes == 0:
-                    return False
-                self._segment += 1
-                old = self._log
-                self._log = LogWriter(self._segment_path(self._segment), durable=old.durable)
-                old.close()
-                self._log_bytes = 0
-                with self._lock:
-                    items = list(self.docs.items())
-                    write_index = self.index.freeze()
-            if write_index is None:  # a tiered index: merge the frozen delta, then write the main index
-                write_index = self.index.merge(self._lock)
-            write_snapshot(self, self._segment, items, write_index)
-        return True
+                self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return merging
 
-    def _segment_path(self, number: int) -> Path:
-        assert self.folder is not None
-        return self.folder / f"wal-{number:08d}.log"
-
-    def _start_compactor(self) -> None:
+    def _wake_compactor(self) -> None:
+        if self.compact_bytes is None or self._writer is None or self.folder is None:
+            return
+        if self.index.pending() * 4 * self.dim < self.compact_bytes:
+            return
         if self._compactor is None and not self._closing:
             self._compactor = threading.Thread(
                 target=self._compact_loop, name="embforge-compact", daemon=True
             )
             self._compactor.start()
+        self._wake.set()
 
     def _compact_loop(self) -> None:
         while True:
@@ -313,50 +420,22 @@ class DocumentStore:
                 return
             try:
                 self.compact()
-            except Exception:  # the log still holds everything; the next compaction tries again
+            except Exception:  # the rows hold everything; the next compaction tries again
                 log.exception("compaction of %s failed", self.folder)
 
     def close(self) -> None:
-        """Compact (so the next open replays nothing), then release the log and the index."""
+        """Compact (so the next open loads the index as it is), then release the database and the index."""
         self._closing = True
         self._wake.set()
         if self._compactor is not None:
             self._compactor.join()
         self.compact()
-        with self._write_lock:
-            if self._log is not None:
-                self._log.close()
-                self._log = None
+        with self._write_lock, self._read_lock:
+            self._reader.close()  # first: the last connection to close (the writer) folds SQLite's log in
+            if self._writer is not None:
+                self._writer.close()
+            self._writer = None
             self.index.close()
-
-    def meta(self) -> dict[str, Any]:
-        """The ``store.json`` fields describing this store (without the snapshot pointer)."""
-        return {
-            "format": FORMAT,
-            "dim": self.dim,
-            "kind": self.kind,
-            "options": self.options,
-            "model": self.model,
-        }
-
-
-def write_docs(path: Path, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
-    """``documents.jsonl``: one ``{"id", "text", "fields"}`` per line, ASCII-escaped (any id round-trips)."""
-    with open(path, "w", encoding="ascii") as handle:
-        for key, doc in items:
-            handle.write(to_json({"id": key, "text": doc["text"], "fields": doc["fields"]}) + "\n")
-
-
-def read_docs(path: Path) -> dict[str, dict[str, Any]]:
-    docs: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}:{err.colno}: {err.msg}") from err
-            docs[doc["id"]] = {"text": doc.get("text", ""), "fields": doc.get("fields") or {}}
-    return docs
 
 
 def remove(path: Path) -> None:
