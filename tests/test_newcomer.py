@@ -51,7 +51,7 @@ def test_eval_retrieval_default_split_is_one_the_data_set_has(tmp_path, tiny_mod
 
 @requires_data
 def test_scifact_default_split_is_dev():
-    from embforge.data.retrieval import default_eval_split
+    from embforge.data.folders import default_eval_split
 
     assert default_eval_split(shared_data() / "scifact") == "dev"
 

@@ -131,7 +131,7 @@ def load_data(folder: str | None, split: str) -> Any:
     """A BEIR or SciFact folder as :class:`~embforge.data.retrieval.RetrievalData`."""
     if folder is None:
         raise ValueError("--data FOLDER is required (a BEIR folder or the SciFact folder)")
-    from embforge.data.retrieval import load_retrieval_folder
+    from embforge.data.folders import load_retrieval_folder
 
     return load_retrieval_folder(folder, split)
 
@@ -144,7 +144,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
 
     split = args.split
     if split is None and args.data is not None:
-        from embforge.data.retrieval import default_eval_split
+        from embforge.data.folders import default_eval_split
 
         split = default_eval_split(args.data)
         print(

@@ -87,33 +87,6 @@ def load_beir(folder: str | os.PathLike, *, split: str = "test") -> RetrievalDat
     )
 
 
-EVAL_SPLITS = ("test", "dev", "validation", "val")
-
-
-def retrieval_splits(folder: str | os.PathLike) -> list[str]:
-    """The qrels splits a folder offers: SciFact's ``train, dev, all``, or a BEIR folder's ``qrels/<split>.tsv``."""
-    root = Path(folder)
-    if (root / "corpus_train.csv").exists():
-        from embforge.data.builtin.scifact import SPLITS
-
-        return list(SPLITS)
-    return sorted(p.stem for p in (root / "qrels").glob("*.tsv")) if (root / "qrels").is_dir() else []
-
-
-def default_eval_split(folder: str | os.PathLike) -> str:
-    """The split to evaluate when none is named: the first of ``test, dev, validation, val`` the folder has,
-    else its first split (SciFact here: ``dev``, as its test qrels do not ship)."""
-    splits = retrieval_splits(folder)
-    for name in EVAL_SPLITS:
-        if name in splits:
-            return name
-    if not splits:
-        raise FileNotFoundError(
-            f"{folder}: no qrels split found (a BEIR folder has qrels/<split>.tsv; SciFact has corpus_train.csv)"
-        )
-    return splits[0]
-
-
 def load_retrieval_files(
     corpus: str | os.PathLike,
     queries: str | os.PathLike,
@@ -220,16 +193,6 @@ def _read_qrels(
     if not qrels:
         raise DataError(f"{path}:1: the qrels file has no judgements")
     return qrels
-
-
-def load_retrieval_folder(folder: str | os.PathLike, split: str) -> RetrievalData:
-    """A BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or the SciFact folder."""
-    root = Path(folder)
-    if (root / "corpus_train.csv").exists():
-        from embforge.data.builtin.scifact import load_scifact
-
-        return load_scifact(split, root=root)
-    return load_beir(root, split=split)
 
 
 def training_pairs(data: RetrievalData) -> Dataset:

@@ -49,7 +49,7 @@ def _builtin(source: str) -> tuple[str, str] | None:
 def parse_mix(spec: str, *, batch_size: int = 64) -> list[MixPart]:
     """Parse ``"sts:PATH,retrieval:scifact-dev"`` into evaluators (data loaded now, models evaluated later)."""
     from embforge.data.builtin import load_builtin
-    from embforge.data.retrieval import load_retrieval_folder
+    from embforge.data.folders import load_retrieval_folder
     from embforge.data.tables import read_table
     from embforge.evaluate.retrieval import evaluate_retrieval
     from embforge.evaluate.sts import evaluate_sts

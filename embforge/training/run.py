@@ -232,7 +232,7 @@ def run(spec: RunSpec) -> dict[str, Any]:
 
 def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list[Task], Any, Any]:
     """Mined-negative retrieval task (+ ANCE refresh hook, + retrieval evaluator) from ``spec.retrieval_*``."""
-    from embforge.data.retrieval import load_retrieval_folder
+    from embforge.data.folders import load_retrieval_folder
     from embforge.evaluate.retrieval import retrieval_evaluator
     from embforge.training.refresh import retrieval_training
 

@@ -24,12 +24,18 @@ from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import DataError
 
 SPLITS = ("train", "dev", "all")
+CORPUS_FILE = "corpus_train.csv"
+
+
+def is_scifact_folder(root: str | os.PathLike) -> bool:
+    """Whether ``root`` is SciFact in the layout shipped here (not a BEIR folder)."""
+    return (Path(root) / CORPUS_FILE).exists()
 
 
 def scifact_dir(root: str | os.PathLike | None = None) -> Path:
     """The SciFact folder (``<data root>/scifact`` unless ``root`` is given)."""
     path = Path(root) if root is not None else data_root() / "scifact"
-    if not (path / "corpus_train.csv").exists():
+    if not is_scifact_folder(path):
         raise FileNotFoundError(
             f"SciFact not found in {path}: expected corpus_train.csv, claims_train.csv and qrels/train.tsv "
             "(set EMBFORGE_DATA to the folder holding 'scifact')"
