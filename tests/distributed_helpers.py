@@ -232,3 +232,31 @@ def torchrun(*args: str, cwd: Any, nproc: int = 2) -> Any:
 
     command, env = torchrun_command(*args, nproc=nproc)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+# ---------------------------------------------------------------------------------------------- resume decision
+def resume_decision(folder: str, out: str) -> None:
+    """Rank 1 asks which checkpoint to resume from while rank 0 is still writing a newer one (what happens when
+    a run stops and both processes resume at once: rank 0 saves the last checkpoint, rank 1 does not wait for it).
+    Every rank must resume from the same checkpoint; each writes its answer to ``out/rank-<r>.txt``."""
+    import time
+    from pathlib import Path
+
+    from embforge.training.checkpoints import LATEST, start_run
+    from embforge.training.distributed import rank
+
+    checkpoints, asking = Path(folder), Path(out, "rank-1-asking")
+    if rank() == 1:
+        asking.touch()
+        found = start_run(checkpoints, resume=True)
+    else:
+        deadline = time.monotonic() + 120
+        while not asking.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        deadline = time.monotonic() + 3  # rank 1 answers in this time unless it waits for rank 0
+        while not Path(out, "rank-1.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (checkpoints / "checkpoint-3").mkdir()  # rank 0's save of the newest checkpoint ends
+        (checkpoints / LATEST).write_text("checkpoint-3\n")
+        found = start_run(checkpoints, resume=True)
+    Path(out, f"rank-{rank()}.txt").write_text(found.name if found is not None else "none")

@@ -23,6 +23,7 @@ from embforge.training.distributed import spans_for
 from tests.conftest import make_bert, make_cross_encoder, make_tokenizer
 from tests.distributed_helpers import (
     gather_check,
+    resume_decision,
     run_training,
     run_trainings,
     spawn,
@@ -245,6 +246,19 @@ def test_spans_cover_every_item_once():
 def test_gather_keeps_the_local_slice_of_the_gradient():
     """2 ranks, 1 row: the second rank holds a placeholder row, which gets no place and a zero gradient."""
     spawn(gather_check, 1, world=2)
+
+
+def test_every_rank_resumes_from_the_checkpoint_rank_0_names(tmp_path):
+    """The race behind a rare ``gloo::EnforceNotMet ... Received data size doesn't match expected size``: after
+    a stop, rank 1 read ``latest`` while rank 0 was still saving the newest checkpoint, so the ranks resumed from
+    different steps and exchanged different batches. Rank 0 now decides and tells the others."""
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "checkpoint-2").mkdir(parents=True)
+    (checkpoints / "latest").write_text("checkpoint-2\n")
+    (checkpoints / "run.json").write_text('{"run_id": "r"}\n')
+    spawn(resume_decision, str(checkpoints), str(tmp_path), world=2)
+    answers = [(tmp_path / f"rank-{r}.txt").read_text() for r in (0, 1)]
+    assert answers == ["checkpoint-3", "checkpoint-3"]
 
 
 def test_torchrun_train_from_the_command_line(runs, tmp_path):

@@ -7,6 +7,12 @@ Once the run has finished, none of it is needed to use the model, and for all-Mi
 with a larger ``--max-steps``), removes half-written leftovers of interrupted saves, and stores a ``best/`` model
 identical to the final one once (hard links), so both paths keep working.
 
+A finished run says so before any of that: :func:`mark_finished` writes ``finished.json`` (the step it ended at)
+once the final model is saved, and the clean-up first renames ``checkpoints/`` aside (one atomic rename), then
+deletes it. A kill at any point leaves either the training state or a run marked finished, never a run that
+``--resume`` would train again from step 0: :func:`resume_finished` answers "nothing to do" and completes the
+clean-up.
+
 Example:
     >>> import tempfile, pathlib
     >>> run = pathlib.Path(tempfile.mkdtemp())
@@ -22,12 +28,19 @@ Example:
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
+
+from embforge.files import write_text_atomic
 
 TRAINING_STATE = "checkpoints"  # the trainer's checkpoints: model copies, optimizer, scheduler, RNG, progress
 BEST = "best"
+FINISHED = "finished.json"  # {"steps": N}: the run ended at step N and its final model is saved
+SUMMARY = "train_summary.json"
 
 
 def finalize_run(output_dir: str | os.PathLike, *, keep_training_state: bool) -> int:
@@ -42,13 +55,70 @@ def finalize_run(output_dir: str | os.PathLike, *, keep_training_state: bool) ->
         Bytes of the files left in ``output_dir``.
     """
     root = Path(output_dir)
-    if not keep_training_state:
-        shutil.rmtree(root / TRAINING_STATE, ignore_errors=True)
-    for leftover in [*root.glob("*.tmp"), *root.glob("*.old")]:  # interrupted atomic saves (checkpoints.py)
+    if not keep_training_state and (root / TRAINING_STATE).is_dir():
+        aside = root / f"{TRAINING_STATE}.old"  # one rename: a kill leaves the whole state or none of it
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(root / TRAINING_STATE, aside)
+    for leftover in [*root.glob("*.tmp"), *root.glob("*.old")]:  # interrupted saves and clean-ups
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
     _link_identical(root / BEST, root)
     return disk_bytes(root)
+
+
+def mark_finished(output_dir: str | os.PathLike, *, steps: int) -> None:
+    """Record that the run in ``output_dir`` ended at ``steps`` with its final model saved (before clean-up)."""
+    write_text_atomic(Path(output_dir) / FINISHED, json.dumps({"steps": steps}) + "\n")
+
+
+def clear_finished(output_dir: str | os.PathLike) -> None:
+    """A new run (not a resume) starts in ``output_dir``: it is not finished."""
+    (Path(output_dir) / FINISHED).unlink(missing_ok=True)
+
+
+def finished_steps(output_dir: str | os.PathLike) -> int | None:
+    """The step a finished run in ``output_dir`` ended at, or ``None`` (not finished, or no such run)."""
+    try:
+        steps = json.loads((Path(output_dir) / FINISHED).read_text(encoding="utf-8")).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def resume_finished(
+    output_dir: str | os.PathLike, total_steps: int, *, keep_training_state: bool, main: bool
+) -> dict[str, Any] | None:
+    """What ``--resume`` of a finished run does: the saved summary with ``nothing_to_do`` when the run already
+    reached ``total_steps`` (the interrupted clean-up, if any, completed on ``main``), ``None`` when the run is
+    not finished or can continue (a larger ``total_steps`` and the training state kept).
+
+    Raises:
+        ValueError: the run finished before ``total_steps`` and its training state was removed.
+    """
+    root = Path(output_dir)
+    steps = finished_steps(root)
+    if steps is None:
+        return None
+    if steps < total_steps:
+        if (root / TRAINING_STATE).is_dir():  # kept: resume continues from its checkpoint (checkpoints.py)
+            return None
+        raise ValueError(
+            f"{root}: the run finished at step {steps} and its training state was removed, so it cannot continue "
+            f"to step {total_steps}; train without --resume to start over (--keep-training-state keeps what a "
+            "later, longer run needs)"
+        )
+    try:
+        summary = json.loads((root / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = {"steps": steps}
+    if main:
+        summary["bytes_on_disk"] = finalize_run(root, keep_training_state=keep_training_state)
+        print(  # the answer to --resume: printed even with --quiet
+            f"train: {root} finished at step {steps} (its final model is saved there): nothing to do; train "
+            "without --resume to start over",
+            file=sys.stderr,
+        )
+    return {**summary, "nothing_to_do": True}
 
 
 def _link_identical(copy: Path, original: Path) -> None:

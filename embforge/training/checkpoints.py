@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from embforge.files import append_jsonl, atomic_dir, write_text_atomic
+from embforge.training.distributed import all_gather_objects
 from embforge.training.rng import rng_state, set_rng_state
 
 __all__ = [
@@ -80,14 +81,24 @@ def start_run(folder: Path, *, resume: bool, log: Path | None = None) -> Path | 
 
     With ``resume``, this is :func:`checkpoint_to_resume`. Without it, a new run begins: it gets a fresh id in
     ``run.json`` and the previous run's ``latest`` pointer is removed (its checkpoints stay), so that if this run
-    is killed before its first checkpoint, ``--resume`` does not continue the previous run instead. Every rank
-    of a distributed run may call it: only rank 0 writes.
+    is killed before its first checkpoint, ``--resume`` does not continue the previous run instead.
+
+    Under torchrun every rank must call it: rank 0 alone reads and writes the folder, and the others get its
+    answer. A rank that read ``latest`` itself could see an older checkpoint than rank 0 (rank 0 may still be
+    saving the newest one when the others get here), and ranks resuming from different steps exchange tensors
+    of different batches: gloo's "Received data size doesn't match expected size".
     """
     folder = Path(folder)
+    answer = None
+    if _is_main_process():  # torchrun: rank 0 owns the folder and decides for every rank
+        answer = _start_run(folder, resume=resume, log=log)
+    chosen = all_gather_objects(answer.name if answer is not None else None)[0]
+    return folder / chosen if chosen is not None else None
+
+
+def _start_run(folder: Path, *, resume: bool, log: Path | None) -> Path | None:
     if resume:
         return checkpoint_to_resume(folder, log=log)
-    if not _is_main_process():  # torchrun: rank 0 owns the folder
-        return None
     folder.mkdir(parents=True, exist_ok=True)
     (folder / LATEST).unlink(missing_ok=True)
     write_text_atomic(folder / RUN_FILE, json.dumps({"run_id": uuid.uuid4().hex}) + "\n")
@@ -349,7 +360,67 @@ def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tens
             f"{path / 'trainer_state.pt'}: has no {', '.join(missing)}; not a trainer state"
         )
     losses = _readable(path / "losses.safetensors", lambda f: load_file(str(f)))
-    return state, losses, read_progress(path)
+    progress = read_progress(path)
+    _check_finite(path, state=state, losses=losses)
+    return state, losses, progress
+
+
+# a weight this large overflows float32 in its first matrix product: only an overflowing step writes one
+LARGEST_WEIGHT = 1e19
+
+
+def _check_finite(path: Path, *, state: dict[str, Any], losses: dict[str, torch.Tensor]) -> None:
+    """Refuse a checkpoint holding NaN, infinite or overflowing weights, or a non-finite optimiser state.
+
+    A manifest cannot catch these: a step that overflowed before the loss guard fired writes them, checksums and
+    all. Resumed, such a run would die steps later with a misleading "lower the learning rate".
+    """
+    for file in sorted((path / "model").rglob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 (safe_open is not a dict)
+                _finite(path, file, name, tensors.get_tensor(name), largest=LARGEST_WEIGHT)
+    for name, tensor in losses.items():
+        _finite(path, path / "losses.safetensors", name, tensor, largest=LARGEST_WEIGHT)
+    for name, tensor in _tensors(state.get("optimizer"), "optimizer"):
+        _finite(path, path / "trainer_state.pt", name, tensor, largest=None)
+
+
+def _tensors(value: Any, name: str) -> list[tuple[str, torch.Tensor]]:
+    """Every floating-point tensor inside nested dicts and lists, with its path (``optimizer.state.0.exp_avg``)."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)] if value.is_floating_point() else []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    return [found for key, item in items for found in _tensors(item, f"{name}.{key}")]
+
+
+def _finite(checkpoint: Path, file: Path, name: str, tensor: torch.Tensor, *, largest: float | None) -> None:
+    values = tensor.float()
+    bad = ~torch.isfinite(values)
+    what = "non-finite values (NaN or infinity)"
+    if largest is not None and not bad.any():
+        bad = values.abs() > largest
+        what = f"overflowing values (beyond {largest:g})"
+    if not bad.any():
+        return
+    example = values[bad].flatten()[0].item()
+    raise CheckpointError(
+        f"{file}: {name} holds {int(bad.sum())} {what}, e.g. {example}: {checkpoint.name} was saved after a "
+        f"step that overflowed and cannot be resumed from; {_earlier(checkpoint)}"
+    )
+
+
+def _earlier(checkpoint: Path) -> str:
+    """Advice naming the checkpoint before ``checkpoint`` of the same folder, if one is kept."""
+    match = _NAME.match(checkpoint.name)
+    step = int(match.group(1)) if match else -1
+    before = [p for s, p in _checkpoints(checkpoint.parent) if s < step]
+    pointer = checkpoint.parent / LATEST
+    if before:
+        return f"resume from the previous one, {before[-1].name} (`echo {before[-1].name} > {pointer}`)"
+    return (
+        "no earlier checkpoint is kept (keep_checkpoints keeps more): train without --resume, with a lower "
+        "learning rate or amp='no'"
+    )
 
 
 def read_progress(path: Path) -> dict[str, Any]:
