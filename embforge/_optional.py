@@ -23,6 +23,8 @@ _EXTRAS = {
     "qdrant_client": "qdrant",
     "mteb": "mteb",
     "peft": "peft",
+    "model2vec": "static",
+    "skeletoken": "static",
 }
 
 

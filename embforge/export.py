@@ -194,6 +194,7 @@ def export_onnx(
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
     source = resolve_model_path(model)
+    _refuse_unexported_kinds(source)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (FP32_FILE, INT8_FILE, META_FILE):
@@ -209,6 +210,23 @@ def export_onnx(
     meta["source"] = str(model)
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return {"output": str(out), **meta}
+
+
+def _refuse_unexported_kinds(source: Path) -> None:
+    """A clear error for the model kinds without an ONNX export (sparse, static)."""
+    from embforge.kinds import ModelKind, folder_kind
+
+    kind = folder_kind(source)
+    if kind == ModelKind.SPARSE:
+        raise ValueError(
+            f"{source} is a sparse (SPLADE) model: embforge has no ONNX export for sparse models yet; serve it "
+            "with 'embforge serve' (PyTorch), or export it with sentence-transformers' SparseEncoder(backend='onnx')"
+        )
+    if kind == ModelKind.STATIC:
+        raise ValueError(
+            f"{source} is a static embedding model: there is no transformer to export (encoding is a token-table "
+            "lookup, already faster than an ONNX graph); serve or load the folder as it is"
+        )
 
 
 def _export_bi_encoder(

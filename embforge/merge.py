@@ -234,6 +234,7 @@ class Merger:
             raise ValueError("linear merging needs two or more models")
         if method != "linear" and (base is None or not models):
             raise ValueError(f"{method} merging needs one or more fine-tuned models and their base (--base)")
+        _refuse_other_kinds([*models, *([base] if base is not None else [])])
         loaded = [Encoder.load(m) for m in models]
         base_model = Encoder.load(base) if base is not None else None
         everything = loaded + ([base_model] if base_model is not None else [])
@@ -286,3 +287,16 @@ def sweep_weights(n_models: int, method: str, w: float) -> list[float]:
             raise ValueError("--choose-on with linear merging sweeps the weight between exactly two models")
         return [1.0 - w, w]
     return [w] * n_models
+
+
+def _refuse_other_kinds(folders: Sequence[str | os.PathLike]) -> None:
+    """Merging averages dense bi-encoders' weights; other kinds (sparse, static, ...) get a clear error."""
+    from embforge.kinds import ModelKind, folder_kind
+
+    for folder in folders:
+        kind = folder_kind(folder)
+        if kind not in (None, ModelKind.DENSE):
+            raise ValueError(
+                f"{folder} is a {kind.value} model: embforge merge combines dense bi-encoders (sentence-transformers "
+                "folders) only"
+            )

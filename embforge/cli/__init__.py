@@ -26,6 +26,7 @@ VERB_MODULES = [
     "embforge.cli.score",
     "embforge.cli.merge",
     "embforge.cli.curate",
+    "embforge.cli.static",
 ]
 
 

@@ -46,7 +46,7 @@ def task_info(task: Any) -> dict[str, Any]:
     return {
         "name": task.name,
         "source": str(getattr(data, "path", "")),
-        "rows": len(data),
+        "rows": len(data) if hasattr(data, "__len__") else data.num_rows,
         "columns": list(getattr(data, "columns", {})),
         "loss": getattr(loss, "name", type(loss).__name__),
         "loss_options": options,
@@ -120,7 +120,7 @@ def write_model_card(
         "",
         "## Usage",
         "",
-        *_usage(root, cross),
+        *(["```python", *facts["usage"], "```"] if "usage" in facts else _usage(root, cross)),
         "",
         "## Training data",
         "",
@@ -159,7 +159,54 @@ def write_model_card(
     return path
 
 
+def _kind_facts(root: Path) -> dict[str, Any] | None:
+    """The facts and usage of the kinds that are not dense or cross-encoders (sparse, static), else ``None``."""
+    from embforge.kinds import ModelKind, folder_kind
+
+    kind, name = folder_kind(root), root.resolve().name
+    st = read_json(root / "config_sentence_transformers.json")
+    if kind == ModelKind.SPARSE:
+        router = (root / "router_config.json").exists()
+        pooling = read_json(
+            root / ("document_1_SpladePooling" if router else "1_SpladePooling") / "config.json"
+        )
+        dim = pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")
+        table = {
+            "Model type": "sparse encoder (SPLADE" + (", inference-free queries)" if router else ")"),
+            "Output dimensionality": f"{dim} (the vocabulary; a few dozen to a few hundred active per text)",
+            "Pooling": f"{pooling.get('pooling_strategy', 'max')} of log(1 + relu(MLM logits))",
+            "Similarity": "dot product",
+        }
+        usage = [
+            "from embforge.sparse.model import SparseEncoder",
+            f'model = SparseEncoder.load("{name}")',
+            'docs = model.encode_document(["The sun is 4.6 billion years old."])  # scipy.sparse CSR',
+            'scores = model.encode_query(["how old is the sun"]) @ docs.T',
+            "# or: sentence_transformers.SparseEncoder(...) with the same vectors",
+        ]
+        return {"kind": "sparse encoder", "dim": dim, "table": table, "usage": usage}
+    if kind == ModelKind.STATIC:
+        hf = read_json(root / "config.json")
+        table = {
+            "Model type": "static embedding (token table, mean of the tokens' rows; no transformer)",
+            "Output dimensionality": hf.get("hidden_dim", "?"),
+            "Normalized": "yes" if hf.get("normalize", True) else "no",
+            "Similarity": st.get("similarity_fn_name", "cosine"),
+        }
+        usage = [
+            "from embforge.static.model import StaticEncoder",
+            f'model = StaticEncoder.load("{name}")',
+            'embeddings = model.encode(["The weather is lovely today.", "It is sunny outside."])',
+            "# or: sentence_transformers.SentenceTransformer(...) / model2vec.StaticModel.from_pretrained(...)",
+        ]
+        return {"kind": "static embedding model", "dim": hf.get("hidden_dim"), "table": table, "usage": usage}
+    return None
+
+
 def _model_facts(root: Path) -> dict[str, Any]:
+    kind_facts = _kind_facts(root)
+    if kind_facts is not None:
+        return kind_facts
     st = read_json(root / "config_sentence_transformers.json")
     cross = st.get("model_type") == "CrossEncoder"
     table: dict[str, Any] = {
@@ -210,10 +257,14 @@ def _usage(root: Path, cross: bool) -> list[str]:
     ]
 
 
+def _rows(rows: int | None) -> str:
+    return "streamed" if rows is None else f"{int(rows):,}"  # a stream's length is known once read through
+
+
 def _task_row(task: Mapping[str, Any]) -> str:
     options = ", ".join(f"{k}={v}" for k, v in (task.get("loss_options") or {}).items()) or "–"
     columns = ", ".join(task.get("columns") or []) or "–"
-    cells = [task.get("name", "?"), f"`{task.get('source', '')}`", f"{int(task.get('rows', 0)):,}", columns]
+    cells = [task.get("name", "?"), f"`{task.get('source', '')}`", _rows(task.get("rows", 0)), columns]
     cells += [f"`{task.get('loss', '?')}`", options, f"{float(task.get('weight', 1.0)):g}"]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 

@@ -1,0 +1,224 @@
+"""StaticEncoder: a text's embedding is the mean of its tokens' rows in one table (no transformer).
+
+A model2vec / sentence-transformers ``StaticEmbedding`` model: tokenise (no special tokens), look every token's
+row up, average (``nn.EmbeddingBag``), optionally L2-normalise. Encoding is a tokeniser call and one gather, tens
+to hundreds of times faster than a transformer on a CPU; :func:`embforge.static.distill.distill_static` makes
+the table from a transformer, and the usual losses train it further (``--model-type static``).
+
+Folders are model2vec's layout, which sentence-transformers reads as a ``StaticEmbedding`` module:
+``model.safetensors`` (``embeddings``: the table), ``tokenizer.json``, ``config.json`` (model2vec's settings),
+``modules.json`` (``StaticEmbedding`` at the root, then ``Normalize`` when normalising).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from itertools import chain
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from embforge.kinds import ModelKind
+from embforge.modeling.encoding import BatchEncoding
+from embforge.modeling.resolve import resolve_model_path
+
+ST_STATIC = "sentence_transformers.models.StaticEmbedding"
+ST_NORMALIZE = "sentence_transformers.models.Normalize"
+
+
+def fold_model2vec(weights: dict[str, Tensor]) -> Tensor:
+    """One row per token id from a model2vec ``model.safetensors`` (``embeddings``, optional vocabulary-quantising
+    ``mapping`` and per-token ``weights``), or sentence-transformers' ``embedding.weight``."""
+    if "embedding.weight" in weights:
+        return weights["embedding.weight"].float()
+    table = weights["embeddings"].float()
+    if "mapping" in weights:
+        table = table[weights["mapping"].long()]
+    if "weights" in weights:
+        table = table * weights["weights"].float()[:, None]
+    return table
+
+
+class StaticEncoder(BatchEncoding, nn.Module):
+    """Texts -> the (optionally normalised) mean of their tokens' embeddings.
+
+    Example:
+        >>> model = StaticEncoder.load("output/minilm-static")  # doctest: +SKIP
+        >>> model.encode(["a cat", "a dog"]).shape  # doctest: +SKIP
+        (2, 256)
+    """
+
+    kind: ClassVar[ModelKind] = ModelKind.STATIC
+    name_or_path: str | None = None
+
+    def __init__(
+        self,
+        table: Tensor,
+        tokenizer: Any,
+        *,
+        normalize: bool = True,
+        max_seq_length: int = 512,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.EmbeddingBag.from_pretrained(table.float(), freeze=False, mode="mean")
+        self.tokenizer = tokenizer  # a ``tokenizers.Tokenizer``
+        self.normalize = normalize
+        self.max_seq_length = max_seq_length
+        self.prompts = dict(prompts or {})
+        self.default_prompt_name = default_prompt_name
+        self.config = dict(config or {})  # model2vec's config.json, kept for the next save
+
+    @property
+    def dim(self) -> int:
+        return int(self.embedding.embedding_dim)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    # ------------------------------------------------------------------ tokens and forward
+    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
+        """Token ids of each text, without special tokens, cut at ``max_seq_length`` (model2vec's tokenisation)."""
+        encodings = self.tokenizer.encode_batch([prefix + t for t in texts], add_special_tokens=False)
+        return [e.ids[: self.max_seq_length] for e in encodings]
+
+    def forward(
+        self,
+        ids: Sequence[Sequence[int]],
+        attention_mask: Tensor | None = None,
+        *,
+        max_tokens: int = 4096,
+        dropout_seed: int | None = None,
+        places: Sequence[int] | None = None,
+    ) -> Tensor:
+        """``(n, dim)`` embeddings of token-id lists (the training forward; no dropout, one gather)."""
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        offsets = torch.from_numpy(np.cumsum(lengths) - lengths).to(self.device)
+        emb = self.embedding(torch.from_numpy(flat).to(self.device), offsets)
+        return F.normalize(emb, p=2, dim=-1) if self.normalize else emb
+
+    def gradient_checkpointing(self, enabled: bool = True) -> None:
+        if enabled:
+            raise ValueError("a static model has no layers to checkpoint; drop --gradient-checkpointing")
+
+    # ------------------------------------------------------------------ inference (BatchEncoding.encode)
+    def inference(self) -> AbstractContextManager[object]:
+        return _inference(self)
+
+    def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        return self(ids).float().cpu().numpy()
+
+    # ------------------------------------------------------------------ persistence
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        device: str | torch.device | None = None,
+        max_seq_length: int | None = None,
+        normalize: bool | None = None,
+    ) -> StaticEncoder:
+        """Load a model2vec folder or a sentence-transformers folder whose first module is ``StaticEmbedding``."""
+        from tokenizers import Tokenizer
+
+        root = resolve_model_path(path)
+        module_dir, has_norm = _static_module(root)
+        config = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}
+        if not (root / "modules.json").exists():
+            has_norm = bool(config.get("normalize", True))
+        st = root / "config_sentence_transformers.json"
+        st_config = json.loads(st.read_text()) if st.exists() else {}
+        model = cls(
+            fold_model2vec(load_file(str(module_dir / "model.safetensors"))),
+            Tokenizer.from_file(str(module_dir / "tokenizer.json")),
+            normalize=has_norm if normalize is None else normalize,
+            max_seq_length=max_seq_length or int(config.get("max_length") or 512),
+            prompts=st_config.get("prompts") or {},
+            default_prompt_name=st_config.get("default_prompt_name"),
+            config=config,
+        )
+        model.name_or_path = str(path)
+        if device is not None:
+            model.to(device)
+        return model
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model2vec layout (also a sentence-transformers ``StaticEmbedding`` model)."""
+        from embforge import __version__
+
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {"embeddings": self.embedding.weight.detach().float().cpu().contiguous()},
+            str(root / "model.safetensors"),
+        )
+        self.tokenizer.save(str(root / "tokenizer.json"))
+        config = {
+            "model_type": "model2vec",
+            "architectures": ["StaticModel"],
+            **self.config,
+            "hidden_dim": self.dim,
+            "normalize": self.normalize,
+            "pooling": "mean",
+            "max_length": self.max_seq_length,
+            "embedding_dtype": "float32",
+        }
+        modules = [{"idx": 0, "name": "0", "path": ".", "type": ST_STATIC}]
+        if self.normalize:
+            modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE})
+            (root / "1_Normalize").mkdir(exist_ok=True)
+        for name, obj in (
+            ("config.json", config),
+            ("modules.json", modules),
+            (
+                "config_sentence_transformers.json",
+                {
+                    "model_type": "SentenceTransformer",
+                    "prompts": self.prompts,
+                    "default_prompt_name": self.default_prompt_name,
+                    "similarity_fn_name": "cosine",
+                    "__version__": {"embforge": __version__},
+                },
+            ),
+        ):
+            (root / name).write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _static_module(root: Path) -> tuple[Path, bool]:
+    """The folder holding the table and tokenizer, and whether a ``Normalize`` module follows."""
+    modules_file = root / "modules.json"
+    if not modules_file.exists():
+        return root, True
+    modules = json.loads(modules_file.read_text())
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    if not kinds or kinds[0] != "StaticEmbedding" or set(kinds[1:]) - {"Normalize"}:
+        raise ValueError(
+            f"{modules_file}: a static model is StaticEmbedding (+ Normalize); found {', '.join(kinds) or 'nothing'}"
+        )
+    path = (root / modules[0].get("path", "")).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ValueError(f"{modules_file}: module path {modules[0].get('path')!r} points outside {root}")
+    return path, "Normalize" in kinds[1:]
+
+
+@contextmanager
+def _inference(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
