@@ -23,6 +23,8 @@ _EXTRAS = {
     "qdrant_client": "qdrant",
     "mteb": "mteb",
     "peft": "peft",
+    "openvino": "openvino",
+    "nncf": "openvino",
     "model2vec": "static",
     "skeletoken": "static",
 }

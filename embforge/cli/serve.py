@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from embforge.cli.common import add_index_kind_arg, add_model_arg, config_from_args, parse_options
+from embforge.cli.common import DEFAULT_MODEL, add_index_kind_arg, config_from_args, parse_options
+from embforge.modeling.backends import BACKENDS
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser(
         "serve", help="serve embeddings, rerank and search over HTTP", description=__doc__
     )
-    add_model_arg(parser, amp=False)
     parser.add_argument(
-        "--reranker", default=None, help="cross-encoder folder (or its ONNX export) for /rerank"
+        "--model",
+        action="append",
+        metavar="[NAME=]PATH",
+        help=f"embedding model folder, alias or export (default {DEFAULT_MODEL}); repeat as NAME=PATH to serve "
+        "several (a request's 'model' picks one; the first is the default and the one /search uses)",
+    )
+    parser.add_argument(
+        "--reranker",
+        action="append",
+        metavar="[NAME=]PATH",
+        help="cross-encoder folder (or its ONNX export) for /rerank; repeat as NAME=PATH for several",
     )
     parser.add_argument(
         "--index",
@@ -33,7 +44,18 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="serve an index built by another model (refused by default: its vectors would not match)",
     )
     parser.add_argument(
-        "--backend", choices=("torch", "onnx"), default="torch", help="onnx: --model is an export"
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="runtime of the embedders: auto (the fastest here: openvino-int8 with --calibration, else onnx-int8, "
+        "else torch), torch, onnx, onnx-int8, openvino, openvino-int8; a model folder is exported on the fly and "
+        "the export cached",
+    )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="texts, one a line, to calibrate int8/uint8 outputs and the openvino-int8 quantiser on",
     )
     parser.add_argument(
         "--qdrant-url",
@@ -48,6 +70,15 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument("--model-name", default=None, help="name reported in responses (default: --model)")
     parser.add_argument(
         "--max-batch-size", type=int, default=64, help="most texts merged into one model call"
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=16384,
+        help="most padded tokens in one model call (the queue is sorted by length; TEI semantics)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=4096, help="most texts waiting per model (429 beyond)"
     )
     parser.add_argument(
         "--max-wait-ms", type=float, default=5.0, help="wait for more requests to join a batch"
@@ -89,16 +120,34 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_serve)
 
 
+def named_models(values: list[str] | None) -> str | dict[str, str] | None:
+    """``--model`` values: one plain path stays a string; ``NAME=PATH`` items (or several) give ``{name: path}``."""
+    if not values:
+        return None
+    named: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or "/" in name or Path(value).exists():
+            name, path = value, value
+        if name in named:
+            raise ValueError(f"two models are named {name!r}; give each --model NAME=PATH a different name")
+        named[name] = path
+    plain = len(values) == 1 and next(iter(named)) == values[0]
+    return values[0] if plain else named
+
+
 def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.serve.config import ServeConfig
     from embforge.serve.runner import serve
 
+    model = named_models(args.model) or DEFAULT_MODEL
+    reranker = named_models(args.reranker)
     config = config_from_args(
         ServeConfig,
         args,
-        model_name=args.model_name or str(args.model),
+        model_name=args.model_name or (model if isinstance(model, str) else next(iter(model))),
         request_timeout_s=args.timeout,
-        reranker_name=args.reranker,
+        reranker_name=reranker if isinstance(reranker, str) else None,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
@@ -107,8 +156,9 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     if args.qdrant_url:
         options["url"] = args.qdrant_url
     serve(
-        args.model,
-        reranker=args.reranker,
+        model,
+        reranker=reranker,
+        calibration=args.calibration,
         index=args.index,
         index_kind=args.index_kind,
         index_options=options or None,

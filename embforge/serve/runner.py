@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +14,18 @@ from embforge.serve.config import ServeConfig
 API_KEY_ENV = "EMBFORGE_API_KEY"
 
 
-def load_encoder(model: str, *, backend: str = "torch", threads: int | None = None) -> Any:
-    """A torch :class:`Encoder`, or an :class:`OnnxEncoder` for an export folder / ``.onnx`` file."""
-    if backend == "onnx":
-        from embforge.modeling.onnx_runtime import OnnxEncoder
+def load_encoder(
+    model: str,
+    *,
+    backend: str = "torch",
+    threads: int | None = None,
+    calibration: Sequence[str] | None = None,
+) -> Any:
+    """A bi-encoder on ``backend`` (:func:`embforge.modeling.backends.load_embedder`: torch, onnx, onnx-int8,
+    openvino, openvino-int8, or auto, the fastest here); a model folder is exported on the fly (cached)."""
+    from embforge.modeling.backends import load_embedder
 
-        return OnnxEncoder.load(model, threads=threads)
-    if backend != "torch":
-        raise ValueError(f"--backend must be 'torch' or 'onnx', got {backend!r}")
-    from embforge.encoder import Encoder
-
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    return Encoder.load(model)
+    return load_embedder(model, backend=backend, threads=threads, calibration=calibration)
 
 
 def load_reranker(model: str, *, threads: int | None = None) -> Any:
@@ -42,10 +40,16 @@ def load_reranker(model: str, *, threads: int | None = None) -> Any:
     return CrossEncoder.load(model)
 
 
+def _named(spec: str | Mapping[str, str]) -> dict[str, str]:
+    """``{name: path}`` of a ``--model``/``--reranker`` value: a path (named by itself) or a mapping."""
+    return dict(spec) if isinstance(spec, Mapping) else {str(spec): str(spec)}
+
+
 def serve(
-    model: str,
+    model: str | Mapping[str, str],
     *,
-    reranker: str | None = None,
+    reranker: str | Mapping[str, str] | None = None,
+    calibration: str | None = None,
     index: str | None = None,
     index_kind: str | None = None,
     index_options: dict[str, Any] | None = None,
@@ -66,7 +70,9 @@ def serve(
     an existing folder of another kind is an error naming both, and one built by another model is refused unless
     ``allow_model_mismatch``; ``compact_bytes`` of log start a background compaction. On shutdown uvicorn stops accepting connections, waits up to
     ``graceful_timeout_s`` for in-flight requests, then the app's lifespan drains the batch queues and compacts
-    the index. ``threads`` caps the model's CPU threads (torch intra-op or onnxruntime intra-op); on a busy or
+    the index. ``model``/``reranker`` may name several models (``{name: path}``; requests pick one by its
+    ``model`` field). ``calibration`` is a text file (one text a line): the ranges of int8/uint8 outputs and the
+    quantiser of the openvino-int8 backend are calibrated on it. ``threads`` caps the model's CPU threads (torch intra-op or onnxruntime intra-op); on a busy or
     shared CPU, fewer threads than cores avoids the slowdown of spinning thread pools competing for cores.
     """
     uvicorn = require("uvicorn")
@@ -76,8 +82,28 @@ def serve(
     cfg = config or ServeConfig()
     if cfg.api_key is None and os.environ.get(API_KEY_ENV):
         cfg.api_key = os.environ[API_KEY_ENV]
-    encoder = load_encoder(model, backend=backend, threads=threads)
-    scorer = load_reranker(reranker, threads=threads) if reranker else None
+    texts = None
+    if calibration:
+        from embforge.quantization import read_texts
+
+        texts = read_texts(calibration)
+    names = _named(model)
+    encoders = {
+        name: load_encoder(path, backend=backend, threads=threads, calibration=texts)
+        for name, path in names.items()
+    }
+    ranges = None
+    if texts:
+        from embforge.quantization import calibrate
+
+        ranges = {name: calibrate(encoder, texts) for name, encoder in encoders.items()}
+    scorers = {name: load_reranker(path, threads=threads) for name, path in _named(reranker or {}).items()}
+    first, encoder = next(iter(encoders.items()))
+    if isinstance(model, str):  # one unnamed model: reported under --model-name
+        encoders = {cfg.model_name: encoder}
+        ranges = {cfg.model_name: ranges[first]} if ranges else None
+    if isinstance(reranker, str):
+        scorers = {cfg.reranker_name or reranker: scorers[reranker]}
     store = None
     if index:
         store = DocumentStore.open(
@@ -85,11 +111,11 @@ def serve(
             dim=int(encoder.dim),
             kind=index_kind,
             options=index_options,
-            model=model_identity(encoder, model),
+            model=model_identity(encoder, names[first]),
             allow_model_mismatch=allow_model_mismatch,
             compact_bytes=compact_bytes,
         )
-    app = create_app(encoder, reranker=scorer, store=store, config=cfg)
+    app = create_app(encoders, reranker=scorers or None, store=store, config=cfg, ranges=ranges)
     server = uvicorn.Server(
         uvicorn_config(
             app, cfg, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout_s

@@ -1,0 +1,120 @@
+"""Pick and load a runtime for a bi-encoder: PyTorch, ONNX Runtime (fp32 / dynamic int8) or OpenVINO (fp32 / static
+int8), exporting the model on the fly and caching the export.
+
+``backend="auto"`` takes the fastest path measured on CPUs (``benchmarks/bench_encode.py``): OpenVINO static int8
+when OpenVINO and NNCF are installed and calibration texts are given, else ONNX Runtime dynamic int8 when
+onnxruntime is installed, else PyTorch; on a GPU, PyTorch. The int8 paths stay within 0.5 STS-B Spearman points of
+fp32 on MiniLM (benchmarks/README.md).
+
+Exports go to ``$EMBFORGE_CACHE/exports/<key>`` (default ``~/.cache/embforge``), keyed by the model folder and
+its files' sizes and modification times, so a changed model is exported again and an unchanged one is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("embforge.backends")
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
+
+
+def cache_root() -> Path:
+    """Where embforge caches exports: ``$EMBFORGE_CACHE`` or ``~/.cache/embforge``."""
+    return Path(os.environ.get("EMBFORGE_CACHE") or Path.home() / ".cache" / "embforge")
+
+
+def _installed(*modules: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def choose_backend(*, calibration: Sequence[str] | None = None) -> str:
+    """The backend ``auto`` means on this machine (see the module docstring)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "torch"
+    if calibration and _installed("openvino", "nncf"):
+        return "openvino-int8"
+    if _installed("onnxruntime", "onnx"):
+        return "onnx-int8"
+    return "torch"
+
+
+def export_key(folder: Path) -> str:
+    """A key of a model folder's identity: its path and the sizes and modification times of its files."""
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_export(model: str | os.PathLike, *, cache: Path | None = None) -> Path:
+    """An ONNX export folder (fp32 + dynamic int8) of ``model``: the folder itself when it is an export, else a
+    cached export made now if missing."""
+    from embforge.modeling.onnx_runtime import META_FILE
+    from embforge.modeling.resolve import resolve_model_path
+
+    given = Path(model)
+    if (given / META_FILE).is_file() or given.suffix == ".onnx":
+        return given
+    source = resolve_model_path(model)
+    target = (cache or cache_root()) / "exports" / export_key(source)
+    if not (target / META_FILE).is_file() or not (target / "model_int8.onnx").is_file():
+        from embforge.export import export_onnx
+
+        export_onnx(source, target, quantize="int8")
+    return target
+
+
+def load_embedder(
+    model: str | os.PathLike,
+    *,
+    backend: str = "auto",
+    threads: int | None = None,
+    calibration: Sequence[str] | None = None,
+    cache: Path | None = None,
+) -> Any:
+    """A bi-encoder on ``backend`` (one of :data:`BACKENDS`); ``calibration`` texts are needed for
+    ``openvino-int8`` (its quantiser calibrates on them; the int8 graph is cached beside the export)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        chosen = choose_backend(calibration=calibration)
+        try:
+            return load_embedder(model, backend=chosen, threads=threads, calibration=calibration, cache=cache)
+        except Exception as err:  # e.g. an architecture the exporter cannot trace: serve it as it is
+            if chosen == "torch":
+                raise
+            log.warning("backend %s failed for %s (%s); using torch", chosen, model, err)
+            backend = "torch"
+    if backend == "torch":
+        from embforge.encoder import Encoder
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        return Encoder.load(model)
+    export = cached_export(model, cache=cache)
+    if backend.startswith("onnx"):
+        from embforge.modeling.onnx_runtime import OnnxEncoder
+
+        graph = export / "model_int8.onnx" if backend == "onnx-int8" and export.is_dir() else export
+        return OnnxEncoder.load(graph, threads=threads)
+    from embforge.modeling.openvino_runtime import INT8_IR, OpenVinoEncoder, quantize_openvino_int8
+
+    if backend == "openvino":
+        return OpenVinoEncoder.load(export, threads=threads)
+    ir = export / INT8_IR
+    if not ir.is_file():
+        if not calibration:
+            raise ValueError("the openvino-int8 backend calibrates on texts: give --calibration FILE")
+        ir = quantize_openvino_int8(export, calibration)
+    return OpenVinoEncoder.load(ir, threads=threads)
