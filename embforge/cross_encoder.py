@@ -132,7 +132,9 @@ class CrossEncoder(Tokenized, TransformerModule):
         where = list(range(len(items))) if places is None else list(places)
         # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
         if supports_packed_classifier(self.model) and not uses_adapters(self.model):  # padding-free
-            keys = text_keys(dropout_seed, where) if self.training and dropout_seed is not None else None
+            keys = None
+            if self.training and dropout_seed is not None:
+                keys = text_keys(dropout_seed, where, device=self.device)
             batch = pack(
                 [ids for ids, _ in items],
                 max_tokens=max_tokens,

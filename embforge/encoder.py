@@ -141,7 +141,9 @@ class Encoder(BatchEncoding, TransformerModule):
             return self._head(emb)[batch.inverse]
         # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
         if supports_packing(self.backbone) and not uses_adapters(self.backbone):  # padding-free (packing.py)
-            keys = text_keys(dropout_seed, where) if self.training and dropout_seed is not None else None
+            keys = None
+            if self.training and dropout_seed is not None:
+                keys = text_keys(dropout_seed, where, device=self.device)
             batch = pack(ids, max_tokens=max_tokens, keys=keys, device=self.device)
             first_only = self.pooling == "cls"  # the last layer then skips what CLS pooling never reads
             hidden = packed_hidden(

@@ -21,7 +21,7 @@ def _inputs(texts=5, heads=3, rows=7, width=7, d=4, dtype=torch.float32):
 @pytest.mark.parametrize("rows", [7, 1])  # every query row, or the first token only
 @pytest.mark.parametrize("chunk_elements", [1, 10**6])  # one text per chunk, or all at once
 def test_dropped_attention_equals_the_written_out_ops(monkeypatch, rows, chunk_elements):
-    monkeypatch.setattr(attention, "_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setitem(attention._CHUNK_ELEMENTS, "cpu", chunk_elements)
     q, k, v, key_mask, drop = _inputs(rows=rows)
     grad = torch.randn(q.shape)
     ours = dropped_attention(q, k, v, key_mask, drop[:, :, :rows], 1 / 0.7, 0.5)

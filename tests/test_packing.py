@@ -135,14 +135,23 @@ def test_packed_cross_encoder_gradients_equal_the_padded_model():
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_pack_plans_length_sorted_blocks_within_the_budget():
-    ids = [[1] * n for n in (3, 7, 7, 2, 5)]
+def test_pack_plans_length_sorted_blocks_by_length_bucket_within_the_budget():
+    ids = [[1] * n for n in (3, 7, 7, 2, 5, 6, 4)]
     batch = pack(ids, max_tokens=14)
-    assert batch.lengths.tolist() == [7, 7, 5, 3, 2]
-    assert [(g.texts, g.width) for g in batch.groups] == [(2, 7), (2, 5), (1, 2)]
-    assert batch.groups[0].slots is None  # equal lengths: no padding, no mask
-    assert batch.offsets.tolist() == [0, 7, 14, 19, 22]
-    assert batch.inverse.tolist() == [3, 0, 1, 4, 2]
+    assert batch.lengths.tolist() == [7, 7, 6, 5, 4, 3, 2]
+    # lengths within ~sqrt(2) share a bucket (7, 6 | 5 | 4, 3 | 2); the budget of 14 padded tokens splits 7, 7 | 6
+    assert [(g.first, g.texts, g.width) for g in batch.groups] == [
+        (0, 2, 7),
+        (2, 1, 6),
+        (3, 1, 5),
+        (4, 2, 4),
+        (6, 1, 2),
+    ]
+    assert batch.groups[0].key_mask is None  # equal lengths: no padding, no mask
+    assert batch.groups[3].key_mask is not None and batch.groups[3].key_mask.sum().item() == 7
+    assert batch.offsets.tolist() == [0, 7, 14, 20, 25, 29, 32]
+    assert batch.inverse.tolist() == [5, 0, 1, 6, 3, 2, 4]
+    assert batch.padded_rows == 34 + 1  # only text 3 (length 3, block width 4) is padded
     with pytest.raises(ValueError, match="empty"):
         pack([[1], []], max_tokens=8)
 
@@ -155,33 +164,38 @@ def test_other_architectures_are_not_packed():
 
 
 def test_keyed_dropout_keeps_one_minus_p_and_depends_only_on_the_key():
-    from embforge.modeling.dropout import LayerMasks, text_keys
+    from embforge.modeling.dropout import AttentionSites, HiddenSites, layer_keys, text_keys
 
-    def masks(keys, lengths, layer=0):
-        return LayerMasks(
-            keys,
-            lengths,
-            layer=layer,
-            heads=2,
-            hidden=64,
-            p_attention=0.1,
-            p_hidden=0.1,
-            device=torch.device("cpu"),
-        )
+    def hidden(keys, lengths, layer=0, site=0):
+        lengths = torch.tensor(lengths)
+        text = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        position = torch.cat([torch.arange(n) for n in lengths.tolist()])
+        sites = HiddenSites(position, 64, sites=(1, 2))
+        return sites.keeps(layer_keys(keys, layer)[text], 0.1, torch.float32)[site]
 
     keys = text_keys(5, range(40))
     lengths = [100 + i for i in range(40)]
-    hidden = masks(keys, lengths).hidden_mask(0, torch.float32)
-    kept = hidden != 0
+    everything = hidden(keys, lengths)
+    kept = everything != 0
     assert abs(kept.float().mean().item() - 0.9) < 0.003
-    torch.testing.assert_close(hidden[kept], torch.full_like(hidden[kept], 1 / 0.9))
+    torch.testing.assert_close(everything[kept], torch.full_like(everything[kept], 1 / 0.9))
     # text 3's masks do not depend on the other texts of the forward, nor on the texts' order
-    alone = masks(keys[3:4], lengths[3:4]).hidden_mask(0, torch.float32)
+    alone = hidden(keys[3:4], lengths[3:4])
     start = sum(lengths[:3])
-    assert torch.equal(alone, hidden[start : start + lengths[3]])
-    swapped = masks([keys[4], keys[3]], [lengths[4], lengths[3]]).hidden_mask(1, torch.float32)
-    assert torch.equal(swapped[lengths[4] :], masks(keys[3:4], lengths[3:4]).hidden_mask(1, torch.float32))
-    # another layer, another micro-step seed or another place in the batch: other masks
-    assert not torch.equal(alone, masks(keys[3:4], lengths[3:4], layer=1).hidden_mask(0, torch.float32))
-    assert not torch.equal(alone, masks(text_keys(6, [3]), lengths[3:4]).hidden_mask(0, torch.float32))
-    assert not torch.equal(alone, masks(keys[4:5], lengths[3:4]).hidden_mask(0, torch.float32))
+    assert torch.equal(alone, everything[start : start + lengths[3]])
+    swapped = hidden(keys[[4, 3]], [lengths[4], lengths[3]], site=1)
+    assert torch.equal(swapped[lengths[4] :], hidden(keys[3:4], lengths[3:4], site=1))
+    # another layer, another micro-step seed, another place in the batch or another site: other masks
+    assert not torch.equal(alone, hidden(keys[3:4], lengths[3:4], layer=1))
+    assert not torch.equal(alone, hidden(text_keys(6, [3]), lengths[3:4]))
+    assert not torch.equal(alone, hidden(keys[4:5], lengths[3:4]))
+    assert not torch.equal(alone, hidden(keys[3:4], lengths[3:4], site=1))
+    # attention: a text's mask is the same whatever block (and block width) it is in; P(drop) = p
+    blocks = AttentionSites([(0, 3, 104, 104), (3, 2, 103, 103)], 2, torch.device("cpu"))
+    drops = blocks.drops(layer_keys(keys, 0), 0.1)
+    assert [d.shape for d in drops] == [(3, 2, 104, 104), (2, 2, 103, 103)]
+    assert abs(torch.cat([d.flatten() for d in drops]).float().mean().item() - 0.1) < 0.003
+    moved = AttentionSites([(3, 1, 103, 103)], 2, torch.device("cpu")).drops(layer_keys(keys, 0), 0.1)[0]
+    assert torch.equal(moved[0], drops[1][0])
+    wider = AttentionSites([(3, 1, 110, 110)], 2, torch.device("cpu")).drops(layer_keys(keys, 0), 0.1)[0]
+    assert torch.equal(wider[0, :, :103, :103], drops[1][0])

@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# probabilities per chunk (4 MB in fp32): texts are processed in groups of about this many
-_CHUNK_ELEMENTS = 1 << 20
+# probabilities per chunk: texts are processed in groups of about this many elements (on a CPU a chunk's
+# probabilities stay in cache, 4 MB in fp32; on an accelerator memory bandwidth is not the limit, launches are)
+_CHUNK_ELEMENTS = {"cpu": 1 << 20}
+_ACCELERATOR_CHUNK_ELEMENTS = 1 << 28
 
 
 def dropped_attention(
@@ -29,8 +31,10 @@ def dropped_attention(
     """
     if torch.is_autocast_enabled(q.device.type):
         return written_attention(q, k, v, key_mask, drop, keep_scale, scale)
-    chunk = max(1, _CHUNK_ELEMENTS // max(1, q.shape[1] * q.shape[2] * k.shape[2]))
-    return _DroppedAttention.apply(q, k, v, key_mask, drop, keep_scale, scale, chunk)
+    budget = _CHUNK_ELEMENTS.get(q.device.type, _ACCELERATOR_CHUNK_ELEMENTS)
+    chunk = max(1, budget // max(1, q.shape[1] * q.shape[2] * k.shape[2]))
+    padding = None if key_mask is None else ~key_mask
+    return _DroppedAttention.apply(q, k, v, padding, drop, keep_scale, scale, chunk)
 
 
 def written_attention(
@@ -52,10 +56,25 @@ def written_attention(
     return torch.matmul(probs.masked_fill(drop, 0.0), v) * keep_scale
 
 
-def _probabilities(q: Tensor, k: Tensor, key_mask: Tensor | None, scale: float) -> Tensor:
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    if key_mask is not None:
-        scores.masked_fill_(~key_mask, float("-inf"))
+def _parts(n: int, chunk: int, *tensors: Tensor | None) -> list[tuple[Tensor | None, ...]]:
+    """``tensors`` cut along their first axis into chunks of ``chunk`` (no slicing when one chunk covers all)."""
+    if chunk >= n:
+        return [tensors]
+    return [tuple(None if t is None else t[s : s + chunk] for t in tensors) for s in range(0, n, chunk)]
+
+
+def _bmm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    """Batched matrix product over the first two axes of 4-d tensors (``(t, h, m, k) @ (t, h, k, n)``)."""
+    t, h = a.shape[:2]
+    product = torch.bmm(a.reshape(t * h, *a.shape[2:]), b.reshape(t * h, *b.shape[2:]))
+    product = product.view(t, h, *product.shape[1:])
+    return product if out is None else out.copy_(product)
+
+
+def _probabilities(q: Tensor, k: Tensor, padding: Tensor | None, scale: float) -> Tensor:
+    scores = _bmm(q, k.transpose(-1, -2)).mul_(scale)
+    if padding is not None:
+        scores.masked_fill_(padding, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -68,36 +87,35 @@ class _DroppedAttention(torch.autograd.Function):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        key_mask: Tensor | None,
+        padding: Tensor | None,
         drop: Tensor,
         keep_scale: float,
         scale: float,
         chunk: int,
     ) -> Tensor:
-        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-        for s in range(0, q.shape[0], chunk):
-            part = slice(s, s + chunk)
-            mask = None if key_mask is None else key_mask[part]
-            probs = _probabilities(q[part], k[part], mask, scale).masked_fill_(drop[part], 0.0)
-            torch.matmul(probs, v[part], out=out[part])
+        outputs = []
+        for qc, kc, vc, pc, dc in _parts(q.shape[0], chunk, q, k, v, padding, drop):
+            assert qc is not None and kc is not None and vc is not None and dc is not None
+            probs = _probabilities(qc, kc, pc, scale).masked_fill_(dc, 0.0)
+            outputs.append(_bmm(probs, vc))
         ctx.save_for_backward(q, k, v, drop)
-        ctx.key_mask, ctx.keep_scale, ctx.scale, ctx.chunk = key_mask, keep_scale, scale, chunk  # type: ignore[attr-defined]
+        ctx.padding, ctx.keep_scale, ctx.scale, ctx.chunk = padding, keep_scale, scale, chunk  # type: ignore[attr-defined]
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         return out.mul_(keep_scale)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         q, k, v, drop = ctx.saved_tensors  # type: ignore[attr-defined]
-        key_mask = ctx.key_mask  # type: ignore[attr-defined]
         scale, chunk = ctx.scale, ctx.chunk  # type: ignore[attr-defined]
         grad = grad * ctx.keep_scale  # type: ignore[attr-defined]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for s in range(0, q.shape[0], chunk):
-            part = slice(s, s + chunk)
-            mask = None if key_mask is None else key_mask[part]
-            probs = _probabilities(q[part], k[part], mask, scale)
-            torch.matmul(probs.masked_fill(drop[part], 0.0).transpose(-1, -2), grad[part], out=dv[part])
-            dprobs = torch.matmul(grad[part], v[part].transpose(-1, -2)).masked_fill_(drop[part], 0.0)
+        dq, dk, dv = [], [], []
+        for qc, kc, vc, pc, dc, gc in _parts(q.shape[0], chunk, q, k, v, ctx.padding, drop, grad):  # type: ignore[attr-defined]
+            assert qc is not None and kc is not None and vc is not None and dc is not None and gc is not None
+            probs = _probabilities(qc, kc, pc, scale)
+            dv.append(_bmm(probs.masked_fill(dc, 0.0).transpose(-1, -2), gc))
+            dprobs = _bmm(gc, vc.transpose(-1, -2)).masked_fill_(dc, 0.0)
             dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).mul_(scale)
-            torch.matmul(dscores, k[part], out=dq[part])
-            torch.matmul(dscores.transpose(-1, -2), q[part], out=dk[part])
-        return dq, dk, dv, None, None, None, None, None
+            dq.append(_bmm(dscores, kc))
+            dk.append(_bmm(dscores.transpose(-1, -2), qc))
+        joined = [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in (dq, dk, dv)]
+        return joined[0], joined[1], joined[2], None, None, None, None, None

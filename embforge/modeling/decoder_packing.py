@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.decoder import base_model
-from embforge.modeling.packing import PackedBatch
+from embforge.modeling.packing import PackedBatch, from_blocks, group_rows, to_blocks
 
 _PACKABLE = frozenset({"Qwen2Model", "Qwen3Model", "LlamaModel", "MistralModel"})
 
@@ -158,27 +158,18 @@ def _blocked_attention(
 ) -> Tensor:
     """Per-group right-padded blocks through ``scaled_dot_product_attention``: ``(tokens, heads, head_dim)``."""
     repeats = q.shape[1] // k.shape[1]  # grouped-query attention: each key/value head serves `repeats` heads
+    blocks = [to_blocks(t, batch) for t in (q, k, v)]
     outputs = []
     for g in batch.groups:
-        qb, kb, vb = (_block(t, g) for t in (q, k, v))
+        qb, kb, vb = (group_rows(b, g).view(g.texts, g.width, *b.shape[1:]).transpose(1, 2) for b in blocks)
         if repeats > 1:
             kb, vb = kb.repeat_interleave(repeats, dim=1), vb.repeat_interleave(repeats, dim=1)
         mask = _band(g.width, window, q.device) if window is not None and g.width > window else None
         out = F.scaled_dot_product_attention(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None, scale=scale
         )
-        out = out.transpose(1, 2).reshape(g.texts * g.width, q.shape[1], q.shape[2])
-        outputs.append(out if g.slots is None else out.index_select(0, g.slots))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-
-
-def _block(x: Tensor, g: Any) -> Tensor:
-    """Group ``g``'s rows of ``x`` ``(tokens, heads, head_dim)`` as a right-padded ``(texts, heads, width,
-    head_dim)`` block (padding rows are zeros)."""
-    rows = x[g.start : g.end]
-    if g.slots is not None:
-        rows = rows.new_zeros(g.texts * g.width, *x.shape[1:]).index_copy(0, g.slots, rows)
-    return rows.view(g.texts, g.width, *x.shape[1:]).transpose(1, 2)
+        outputs.append(out.transpose(1, 2).reshape(g.texts * g.width, q.shape[1], q.shape[2]))
+    return from_blocks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), batch)
 
 
 def _band(width: int, window: int, device: torch.device) -> Tensor:
@@ -195,4 +186,4 @@ def _flash_varlen(batch: PackedBatch, hidden: Tensor) -> tuple[Any, Tensor, int]
     from flash_attn import flash_attn_varlen_func
 
     cu_seqlens = F.pad(batch.lengths.cumsum(0), (1, 0)).to(torch.int32)
-    return flash_attn_varlen_func, cu_seqlens, int(batch.lengths.max())
+    return flash_attn_varlen_func, cu_seqlens, batch.longest

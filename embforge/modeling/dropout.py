@@ -1,22 +1,25 @@
-"""Dropout masks that depend on *which text* is dropped, never on how a batch was cut.
+"""Dropout masks that depend on *which text* is dropped, never on how a batch was cut — drawn for a whole layer
+in a fixed number of tensor operations.
 
 With a global random generator a token's dropout mask depends on everything drawn before it: the order of the
 texts, how they were grouped into attention blocks, how a batch was split into mini-batches. Then a performance
 knob (``chunk_tokens``, the cached step's ``mini_batch_size``) changes training results, and a cached
 (GradCache) step cannot replay the masks of its first, gradient-free pass.
 
-Here every text of a forward gets its own key, ``text_key(seed, place)``: ``seed`` is one number per micro-step
+Here every text of a forward gets its own key, ``text_keys(seed, places)``: ``seed`` is one number per micro-step
 (drawn by the trainer from torch's seeded generator, so runs stay reproducible and resumable) and ``place`` is
-the text's position in the whole batch (not in a mini-batch or an attention block). Each ``(text, layer)`` seeds
-a generator with ``mix(key, layer)`` and draws that text's masks for the layer in a fixed layout:
+the text's position in the whole batch (not in a mini-batch or an attention block). Each mask element is a
+counter-based hash (splitmix64's finaliser, in wrapping int64 tensor arithmetic) of
 
-- attention probabilities ``(query, head, key)`` — row 0 first, so a first-token-only layer reads a prefix;
-- the attention output ``(token, hidden)``, then the feed-forward output ``(token, hidden)``.
+    (the text's key mixed with the layer, the site, the element's coordinates inside its text)
 
-Draws are 15-bit integers (four per 64-bit draw of the generator, as cheap as ``F.dropout``'s Bernoulli draw): an
-element is kept when its draw is at least ``round(p * 32768)``, i.e. with probability ``1 - p`` to within 2e-5,
-and scaled by ``1 / (1 - p)``. The masks are the same on every call with the same keys, which also makes
-recomputation (gradient checkpointing) exact.
+— the site being attention probabilities ``(head, query row, key)``, the attention output ``(token, hidden)`` or
+the feed-forward output ``(token, hidden)``. One 64-bit hash gives four 16-bit draws (adjacent keys or hidden
+units); an element is dropped when its draw, read as a signed 16-bit number, is below ``round(p · 65536) − 32768``,
+i.e. with probability ``p`` to within 8e-6, and what is kept is scaled by ``1 / (1 − p)``. The masks of every text
+of a layer come from one hash over the layer's tensor — a fixed number of operations whatever the batch (each
+operation is a kernel launch on a GPU) — and are the same on every call with the same keys, which also makes
+recomputation (gradient checkpointing, the cached step's second pass) exact.
 """
 
 from __future__ import annotations
@@ -30,6 +33,21 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that holds it (tensor arithmetic is signed and wraps)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_M1, _M2, _GOLDEN_S = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB), _signed(_GOLDEN)
+
+# coordinates inside a text are packed into one counter: site | row (query row or token) | column group
+_ROW_BITS, _COL_BITS = (
+    20,
+    14,
+)  # up to 1M tokens per text, 16k groups of four columns (64k keys / hidden units)
+SITE_ATTENTION, SITE_ATTENTION_OUTPUT, SITE_FEED_FORWARD = 0, 1, 2
+
+
 def mix(*values: int) -> int:
     """splitmix64 of a sequence of integers: a well-spread 63-bit key (a valid ``manual_seed``)."""
     z = 0
@@ -41,99 +59,161 @@ def mix(*values: int) -> int:
     return z >> 1
 
 
-def text_keys(seed: int, places: Sequence[int]) -> list[int]:
-    """One key per text from the micro-step's ``seed`` and each text's place in the whole batch."""
-    return [mix(seed, place) for place in places]
+def hash64(x: Tensor) -> Tensor:
+    """splitmix64's finaliser on an int64 tensor (wrapping arithmetic; logical shifts), elementwise."""
+    x = x ^ ((x >> 30) & ((1 << 34) - 1))
+    x = x * _M1
+    x = x ^ ((x >> 27) & ((1 << 37) - 1))
+    x = x * _M2
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def text_keys(seed: int, places: Sequence[int], *, device: torch.device | str | None = None) -> Tensor:
+    """One int64 key per text from the micro-step's ``seed`` and each text's place in the whole batch."""
+    where = torch.as_tensor(places if isinstance(places, Sequence) else list(places), dtype=torch.long)
+    return hash64(where.to(device) * _GOLDEN_S + _signed(mix(seed)))
+
+
+def layer_keys(keys: Tensor, layer: int) -> Tensor:
+    """Each text's key for one layer (``layer`` -1: the embeddings; one past the last: a classifier head)."""
+    return hash64(keys + _signed(mix(layer + 2)))
+
+
+def _draws(keys: Tensor, counters: Tensor, columns: int) -> Tensor:
+    """Signed 16-bit draws ``keys ⊗ counters`` → ``(..., columns)``: ``keys`` broadcast against ``counters``,
+    whose last axis counts groups of four columns."""
+    words = hash64(keys + counters * _GOLDEN_S)
+    return words.view(torch.int16)[..., :columns]
+
+
+def _threshold(p: float) -> int:
+    return round(p * 65536) - 32768
+
+
+def hidden_keep(
+    keys: Tensor, positions: Tensor, *, site: int, hidden: int, p: float, dtype: torch.dtype
+) -> Tensor:
+    """Scaled keep-mask ``(rows, hidden)`` for rows whose texts have layer keys ``keys`` and which sit at
+    ``positions`` inside their texts (one row per token, or per text for a first-token-only layer)."""
+    return HiddenSites(positions, hidden, sites=(site,)).keeps(keys, p, dtype)[0]
+
+
+class HiddenSites:
+    """The counters of hidden-unit sites ``(site, row, hidden)`` of a forward's rows, computed once; each layer
+    hashes them with its own keys (one hash for all its sites)."""
+
+    def __init__(self, positions: Tensor, hidden: int, *, sites: Sequence[int]) -> None:
+        device = positions.device
+        site = torch.tensor(list(sites), device=device)[:, None, None] << _ROW_BITS
+        columns = torch.arange((hidden + 3) // 4, device=device)
+        self.counters = ((site + positions[None, :, None] << _COL_BITS) + columns) * _GOLDEN_S
+        self.hidden = hidden
+
+    def keeps(self, row_keys: Tensor, p: float, dtype: torch.dtype, *, site: int | None = None) -> Tensor:
+        """Scaled keep-masks ``(sites, rows, hidden)`` for rows with these layer keys (``site``: only that one)."""
+        counters = self.counters if site is None else self.counters[site : site + 1]
+        words = hash64(counters + row_keys[None, :, None])
+        keep = words.view(torch.int16)[..., : self.hidden] >= _threshold(p)
+        return keep.to(dtype).mul_(1.0 / (1.0 - p))
+
+
+class AttentionSites:
+    """The counters of every attention-probability element of a forward's blocks, in one flat tensor.
+
+    ``blocks`` are ``(first text, texts, query rows, width)``; element ``(text, head, row, key)`` of a block gets
+    the counter of ``(head, row, key)`` — not of the block's width — so a text's mask is the same in any block.
+    Built with a fixed number of operations whatever the number of blocks; each layer then hashes all of them at
+    once (:meth:`drops`).
+    """
+
+    def __init__(self, blocks: Sequence[tuple[int, int, int, int]], heads: int, device: torch.device) -> None:
+        self.blocks, self.heads = list(blocks), heads
+        quads = [(width + 3) // 4 for _, _, _, width in blocks]
+        per_text = [heads * rows * q for (_, _, rows, _), q in zip(blocks, quads)]
+        sizes = [texts * n for (_, texts, _, _), n in zip(blocks, per_text)]
+        self.starts = [0]
+        for size in sizes:
+            self.starts.append(self.starts[-1] + size)
+        spec = torch.tensor(
+            [(b[0], n, b[2], q, start) for b, n, q, start in zip(blocks, per_text, quads, self.starts)],
+            device=device,
+        )
+        group = torch.repeat_interleave(
+            torch.arange(len(blocks), device=device), torch.tensor(sizes, device=device)
+        )
+        first, text_size, rows, quad, start = spec[group].unbind(1)
+        local = torch.arange(self.starts[-1], device=device) - start
+        self.text = first + local // text_size
+        within = local % text_size  # (head, row, quad) of the element inside its text
+        head, cell = within // (rows * quad), within % (rows * quad)
+        counters = ((cell // quad * heads + head) << _COL_BITS) + cell % quad
+        self.counters = counters * _GOLDEN_S
+
+    def drops(self, keys: Tensor, p: float) -> list[Tensor]:
+        """Drop-masks ``(texts, heads, rows, width)`` (True: dropped), one per block, for texts with these layer
+        keys."""
+        words = hash64(self.counters + keys.index_select(0, self.text))
+        dropped = words.view(torch.int16) < _threshold(p)
+        masks = []
+        for (_, texts, rows, width), start, end in zip(self.blocks, self.starts, self.starts[1:]):
+            block = dropped[4 * start : 4 * end].view(texts, self.heads, rows, -1)
+            masks.append(block[..., :width])
+        return masks
 
 
 class LayerMasks:
     """The dropout masks of one layer for every text of a packed forward (see the module docstring).
 
     Args:
-        keys: Per-text keys in packed order.
-        lengths: Tokens per text, packed order.
-        layer: Layer number (mixed into each text's key).
-        heads: Attention heads.
-        hidden: Hidden size.
+        keys: The layer's per-text keys (:func:`layer_keys`), packed order.
+        row_text: The text (packed index) of each row of the layer's hidden states; None: row ``i`` is text ``i``.
+        hidden_sites: Counters of the rows' hidden sites (attention output, feed-forward output).
+        attention_sites: Counters of the layer's attention blocks (None: no attention dropout).
         p_attention / p_hidden: Dropout probabilities (0 draws nothing for that site).
-        rows: Query rows drawn per text (``None``: all; 1: the first token only).
-        device: Where the masks go.
     """
 
     def __init__(
         self,
-        keys: Sequence[int],
-        lengths: Sequence[int],
+        keys: Tensor,
+        row_text: Tensor | None,
         *,
-        layer: int,
-        heads: int,
-        hidden: int,
+        hidden_sites: HiddenSites,
+        attention_sites: AttentionSites | None,
         p_attention: float,
         p_hidden: float,
-        rows: int | None = None,
-        device: torch.device,
     ) -> None:
-        self.lengths = list(lengths)
-        self.heads, self.hidden = heads, hidden
+        self.keys, self.row_text, self.hidden_sites = keys, row_text, hidden_sites
         self.p_attention, self.p_hidden = p_attention, p_hidden
-        self.rows = rows
-        generator = torch.Generator(device=device)
-        self.draws: list[Tensor] = []
-        for key, n in zip(keys, self.lengths):
-            q = n if rows is None else min(rows, n)
-            size = q * heads * n + 2 * q * hidden
-            generator.manual_seed(mix(key, layer))
-            raw = torch.empty((size + 3) // 4, dtype=torch.int64, device=device).random_(generator=generator)
-            self.draws.append(raw.view(torch.int16)[:size] & 0x7FFF)
+        self.drops = None
+        if p_attention > 0 and attention_sites is not None:
+            self.drops = attention_sites.drops(keys, p_attention)
+        self._keeps: Tensor | None = None
 
-    def _rows(self, n: int) -> int:
-        return n if self.rows is None else min(self.rows, n)
-
-    def attention(self, first: int, texts: int, width: int) -> Tensor | None:
-        """Drop-mask ``(texts, heads, query rows, width)`` (True: dropped) for texts ``first..first+texts`` of a
-        block; the caller scales what is kept by :attr:`attention_scale`."""
-        if self.p_attention <= 0:
-            return None
-        q_width = width if self.rows is None else min(self.rows, width)
-        block = self.draws[0].new_zeros((texts, q_width, self.heads, width))
-        for i in range(texts):
-            n = self.lengths[first + i]
-            q = self._rows(n)
-            block[i, :q, :, :n] = self.draws[first + i][: q * self.heads * n].view(q, self.heads, n)
-        return block.permute(0, 2, 1, 3) < round(self.p_attention * 32768)
+    def attention(self, group: int) -> Tensor | None:
+        """Drop-mask ``(texts, heads, rows, width)`` (True: dropped) of attention block ``group``; the caller
+        scales what is kept by :attr:`attention_scale`."""
+        return None if self.drops is None else self.drops[group]
 
     @property
     def attention_scale(self) -> float:
         return 1.0 / (1.0 - self.p_attention)
 
     def hidden_mask(self, site: int, dtype: torch.dtype) -> Tensor | None:
-        """Scaled keep-mask ``(rows, hidden)`` of site 0 (attention output) or 1 (feed-forward output)."""
+        """Scaled keep-mask ``(rows, hidden)`` of the ``site``-th site of ``hidden_sites`` (all sites are hashed
+        together on the first call)."""
         if self.p_hidden <= 0:
             return None
-        parts = []
-        for draw, n in zip(self.draws, self.lengths):
-            q = self._rows(n)
-            start = q * self.heads * n + site * q * self.hidden
-            parts.append(draw[start : start + q * self.hidden])
-        keep = torch.cat(parts).view(-1, self.hidden) >= round(self.p_hidden * 32768)
-        return keep.to(dtype).mul_(1.0 / (1.0 - self.p_hidden))
+        if self._keeps is None or self._keeps.dtype != dtype:
+            row_keys = self.keys if self.row_text is None else self.keys.index_select(0, self.row_text)
+            self._keeps = self.hidden_sites.keeps(row_keys, self.p_hidden, dtype)
+        return self._keeps[site]
 
 
-def head_mask(
-    keys: Sequence[int], *, layer: int, hidden: int, p: float, dtype: torch.dtype, device: torch.device
-) -> Tensor | None:
+def head_mask(keys: Tensor, *, layer: int, hidden: int, p: float, dtype: torch.dtype) -> Tensor | None:
     """Scaled keep-mask ``(texts, hidden)`` for one vector per text (a classifier head's dropout)."""
     if p <= 0:
         return None
-    masks = LayerMasks(
-        keys,
-        [1] * len(keys),
-        layer=layer,
-        heads=0,
-        hidden=hidden,
-        p_attention=0.0,
-        p_hidden=p,
-        rows=1,
-        device=device,
+    first = torch.zeros_like(keys)
+    return hidden_keep(
+        layer_keys(keys, layer), first, site=SITE_ATTENTION_OUTPUT, hidden=hidden, p=p, dtype=dtype
     )
-    return masks.hidden_mask(0, dtype)

@@ -3,10 +3,12 @@
 Training batches of short, uneven texts spend a third of their matrix work on padding even when sorted by length
 (STS-B, batch 16 pairs: ~460 real tokens against ~707 padded in 512-token chunks). Here the texts of a batch are
 concatenated into one ``(tokens, hidden)`` matrix: embeddings, the query/key/value projections, the feed-forward
-layers and the layer norms run on it directly. Only attention needs per-text blocks: each group of texts of
-similar length (length-sorted, at most ``max_tokens`` padded tokens) is copied into a padded
-``(texts, heads, width, head_dim)`` block, attends with a key mask through ``scaled_dot_product_attention``, and is
-copied back. The backbone's own submodules and weights are called, so the output equals the padded forward
+layers and the layer norms run on it directly. Only attention needs per-text blocks: the tokens are copied into
+one padded buffer (one operation) in which each group of texts of similar length (length-sorted, lengths within
+a factor of ~sqrt(2), at most ``max_tokens`` padded tokens) is a ``(texts, heads, width, head_dim)`` block that
+attends with a key mask through ``scaled_dot_product_attention``, and copied back (one operation). The work per
+forward is a fixed number of tensor operations per layer plus a few per attention group, and the number of
+groups follows the spread of lengths, not the number of texts. The backbone's own submodules and weights are called, so the output equals the padded forward
 (tested ≤ 1e-5, gradients too) and training updates the same parameters. In training, dropout masks are keyed by
 text (:mod:`embforge.modeling.dropout`), so how texts are grouped or split into mini-batches never changes them.
 
@@ -18,17 +20,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.attention import dropped_attention, written_attention
-from embforge.modeling.dropout import LayerMasks, head_mask
+from embforge.modeling.dropout import (
+    SITE_ATTENTION_OUTPUT,
+    SITE_FEED_FORWARD,
+    AttentionSites,
+    HiddenSites,
+    LayerMasks,
+    head_mask,
+    layer_keys,
+)
 from embforge.modeling.lora import uses_adapters
-from embforge.modeling.padding import sort_by_length, token_budget_chunks
+from embforge.modeling.padding import plan_groups
 
 
 def supports_packing(backbone: Any) -> bool:
@@ -53,14 +65,14 @@ def supports_packed_classifier(model: Any) -> bool:
 
 
 @dataclass
-class _AttentionGroup:
-    """Texts ``[first, last)`` of the packed order (tokens ``[start, end)``), attended as one padded block."""
+class AttentionGroup:
+    """Texts ``[first, first + texts)`` of the packed order, attended as one padded ``(texts, width)`` block whose
+    rows start at row ``block`` of the batch's padded buffer (:func:`to_blocks`)."""
 
-    start: int
-    end: int
+    first: int
     texts: int
     width: int
-    slots: Tensor | None  # each real token's position in the flat (texts * width) block; None: no padding
+    block: int
     key_mask: Tensor | None  # (texts, 1, 1, width) True where a key is a real token; None: no padding
 
 
@@ -68,7 +80,9 @@ class _AttentionGroup:
 class PackedBatch:
     """Texts sorted by length (longest first) and concatenated: what :func:`packed_hidden` consumes.
 
-    ``inverse`` puts per-text outputs (in packed order) back into the caller's order.
+    ``inverse`` puts per-text outputs (in packed order) back into the caller's order. Attention runs per group of
+    texts of similar length; ``slots`` places every token in one padded buffer holding all groups' blocks, so
+    moving a layer's tokens into blocks and back is one operation each, whatever the number of texts.
     """
 
     input_ids: Tensor  # (tokens,)
@@ -77,12 +91,12 @@ class PackedBatch:
     lengths: Tensor  # (texts,) tokens per text, packed order
     offsets: Tensor  # (texts,) first token of each text
     segment: Tensor  # (tokens,) packed index of each token's text
-    groups: list[_AttentionGroup]
+    groups: list[AttentionGroup]
     inverse: Tensor  # (texts,) packed position of the caller's i-th text
-    length_list: list[int]  # ``lengths`` as Python ints
-    keys: list[int] | None = (
-        None  # per-text dropout keys, packed order (embforge.modeling.dropout); None: none
-    )
+    slots: Tensor | None  # (tokens,) each token's row in the padded buffer; None: no padding at all
+    padded_rows: int  # rows of the padded buffer
+    longest: int  # the longest text's tokens
+    keys: Tensor | None = None  # per-text dropout keys, packed order (embforge.modeling.dropout); None: none
 
     @property
     def num_texts(self) -> int:
@@ -94,62 +108,111 @@ def pack(
     *,
     max_tokens: int,
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
-    keys: Sequence[int] | None = None,
+    keys: Tensor | None = None,
     device: torch.device | str | None = None,
 ) -> PackedBatch:
     """Sort tokenised texts by length, concatenate them, and plan the attention blocks.
+
+    The host work is a few NumPy passes over the token ids (no Python loop over tokens) and one loop over the
+    attention groups; the device receives a fixed number of tensors.
 
     Args:
         ids: Token ids of each text (already truncated, no padding).
         max_tokens: Padded-token budget of one attention block (texts of similar length share a block).
         token_type_ids: Segment ids per text (cross-encoder pairs), or None.
-        keys: Dropout key of each text (:func:`embforge.modeling.dropout.text_keys`); None: no dropout.
-        device: Where the index tensors go (the model's device).
+        keys: Dropout key of each text, input order (:func:`embforge.modeling.dropout.text_keys`); None: none.
+        device: Where the tensors go (the model's device).
     """
     if not ids:
         raise ValueError("pack() needs at least one text")
-    order = sort_by_length(ids)
-    lengths = [len(ids[i]) for i in order]
-    if min(lengths) < 1:
+    sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if sizes.min() < 1:
         raise ValueError("pack() got an empty token sequence")
-    flat = [token for i in order for token in ids[i]]
-    positions = [p for n in lengths for p in range(n)]
+    order = np.argsort(-sizes, kind="stable")
+    lengths = sizes[order]
+    total = int(lengths.sum())
+    flat = np.fromiter(chain.from_iterable(map(ids.__getitem__, order)), dtype=np.int64, count=total)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    segment = np.repeat(np.arange(len(order)), lengths)
+    positions = np.arange(total) - offsets[segment]
     types = None
-    if token_type_ids is not None and token_type_ids[order[0]] is not None:
-        types = torch.tensor([t for i in order for t in (token_type_ids[i] or [0] * len(ids[i]))])
-    offsets = [0]
-    for n in lengths[:-1]:
-        offsets.append(offsets[-1] + n)
-    groups = []
-    for chunk in token_budget_chunks(lengths, max_tokens):
-        first, last = chunk[0], chunk[-1] + 1
-        width = lengths[first]  # sorted longest first
-        start, end = offsets[first], offsets[last - 1] + lengths[last - 1]
-        if all(lengths[t] == width for t in chunk):
-            groups.append(_AttentionGroup(start, end, last - first, width, None, None))
-            continue
-        slots = torch.tensor([row * width + p for row, t in enumerate(chunk) for p in range(lengths[t])])
-        key_mask = torch.arange(width)[None, :] < torch.tensor(lengths[first:last])[:, None]
-        groups.append(
-            _AttentionGroup(
-                start, end, last - first, width, slots.to(device), key_mask[:, None, None, :].to(device)
-            )
-        )
-    inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[torch.tensor(order)] = torch.arange(len(order))
-    length_tensor = torch.tensor(lengths)
+    if token_type_ids is not None and token_type_ids[int(order[0])] is not None:
+        chosen = (token_type_ids[i] or [0] * int(sizes[i]) for i in order.tolist())
+        types = np.fromiter(chain.from_iterable(chosen), dtype=np.int64, count=total)
+    groups, slots, real = _blocks_plan(lengths, segment, positions, max_tokens)
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.arange(len(order))
+
+    def put(array: np.ndarray) -> Tensor:
+        return torch.from_numpy(array).to(device)
+
+    real_mask = None if real is None else put(real)
     return PackedBatch(
-        input_ids=torch.tensor(flat, dtype=torch.long, device=device),
-        position_ids=torch.tensor(positions, dtype=torch.long, device=device),
-        token_type_ids=None if types is None else types.to(device),
-        lengths=length_tensor.to(device),
-        offsets=torch.tensor(offsets, device=device),
-        segment=torch.repeat_interleave(torch.arange(len(order)), length_tensor).to(device),
-        groups=groups,
-        inverse=inverse.to(device),
-        length_list=lengths,
-        keys=None if keys is None else [keys[i] for i in order],
+        input_ids=put(flat),
+        position_ids=put(positions),
+        token_type_ids=None if types is None else put(types),
+        lengths=put(lengths),
+        offsets=put(offsets),
+        segment=put(segment),
+        groups=[
+            AttentionGroup(
+                first,
+                texts,
+                width,
+                block,
+                _key_mask(real_mask, block, texts, width) if padded and real_mask is not None else None,
+            )
+            for first, texts, width, block, padded in groups
+        ],
+        inverse=put(inverse),
+        slots=None if slots is None else put(slots),
+        padded_rows=groups[-1][3] + groups[-1][1] * groups[-1][2],
+        longest=int(lengths[0]),
+        keys=None if keys is None else keys.index_select(0, put(order)),
     )
+
+
+def _blocks_plan(
+    lengths: np.ndarray, segment: np.ndarray, positions: np.ndarray, max_tokens: int
+) -> tuple[list[tuple[int, int, int, int, bool]], np.ndarray | None, np.ndarray | None]:
+    """``(first, texts, width, block, padded)`` per group, each token's row in the padded buffer (None when nothing is
+    padded) and which rows of the buffer hold real tokens."""
+    groups: list[tuple[int, int, int, int, bool]] = []
+    row_of_text = np.empty(len(lengths), dtype=np.int64)
+    block = 0
+    for first, texts in plan_groups(lengths, max_tokens):
+        width = int(lengths[first])
+        row_of_text[first : first + texts] = block + width * np.arange(texts)
+        padded = int(lengths[first + texts - 1]) < width
+        groups.append((first, texts, width, block, padded))
+        block += texts * width
+    if block == len(segment):
+        return groups, None, None
+    slots = row_of_text[segment] + positions
+    real = np.zeros(block, dtype=bool)
+    real[slots] = True
+    return groups, slots, real
+
+
+def _key_mask(real: Tensor, block: int, texts: int, width: int) -> Tensor:
+    return real[block : block + texts * width].view(texts, 1, 1, width)
+
+
+def to_blocks(x: Tensor, batch: PackedBatch) -> Tensor:
+    """Token rows ``(tokens, ...)`` placed in the padded buffer ``(padded_rows, ...)`` (zeros in the padding)."""
+    if batch.slots is None:
+        return x
+    return x.new_zeros(batch.padded_rows, *x.shape[1:]).index_copy(0, batch.slots, x)
+
+
+def from_blocks(x: Tensor, batch: PackedBatch) -> Tensor:
+    """The real tokens' rows of a padded buffer, back in packed order."""
+    return x if batch.slots is None else x.index_select(0, batch.slots)
+
+
+def group_rows(buffer: Tensor, g: AttentionGroup) -> Tensor:
+    """Group ``g``'s ``(texts * width, ...)`` rows of a padded buffer."""
+    return buffer[g.block : g.block + g.texts * g.width]
 
 
 def _attend(qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: LayerMasks | None) -> Tensor:
@@ -159,27 +222,23 @@ def _attend(qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: La
     kernel); with them the attention is written out (scores, key mask, softmax, keyed dropout, values).
     """
     hidden = qkv.shape[1] // 3
-    outputs, first = [], 0
-    for g in batch.groups:
-        q, k, v = _blocks(qkv, g, 3, heads)
-        drop = None if masks is None else masks.attention(first, g.texts, g.width)
+    buffer = to_blocks(qkv, batch)
+    outputs = []
+    for index, g in enumerate(batch.groups):
+        q, k, v = _heads(group_rows(buffer, g), g, 3, heads)
+        drop = None if masks is None else masks.attention(index)
         if drop is None or masks is None:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
         else:
             context = dropped_attention(q, k, v, g.key_mask, drop, masks.attention_scale, scale)
-        context = context.transpose(1, 2).reshape(g.texts * g.width, hidden)
-        outputs.append(context if g.slots is None else context.index_select(0, g.slots))
-        first += g.texts
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        outputs.append(context.transpose(1, 2).reshape(g.texts * g.width, hidden))
+    return from_blocks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), batch)
 
 
-def _blocks(x: Tensor, g: _AttentionGroup, parts: int, heads: int) -> tuple[Tensor, ...]:
-    """Group ``g``'s rows of ``x`` ``(tokens, parts * hidden)`` as ``parts`` padded ``(texts, heads, width,
-    head_dim)`` tensors (e.g. query, key, value)."""
-    rows = x[g.start : g.end]
-    if g.slots is not None:
-        rows = rows.new_zeros(g.texts * g.width, x.shape[1]).index_copy(0, g.slots, rows)
-    head_dim = x.shape[1] // parts // heads
+def _heads(rows: Tensor, g: AttentionGroup, parts: int, heads: int) -> tuple[Tensor, ...]:
+    """A group's padded rows ``(texts * width, parts * hidden)`` as ``parts`` ``(texts, heads, width, head_dim)``
+    tensors (e.g. query, key, value)."""
+    head_dim = rows.shape[1] // parts // heads
     return rows.view(g.texts, g.width, parts, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
 
@@ -189,30 +248,71 @@ def _add_norm(block: Any, x: Tensor, residual: Tensor, keep: Tensor | None) -> T
     return block.LayerNorm((x if keep is None else x * keep) + residual)
 
 
-def _layer_masks(layer: Any, number: int, batch: PackedBatch, rows: int | None) -> LayerMasks | None:
-    """This layer's keyed dropout masks (:mod:`embforge.modeling.dropout`), or None outside training."""
-    if not layer.training or batch.keys is None:
+@dataclass
+class DropoutSites:
+    """A training forward's dropout counters (:mod:`embforge.modeling.dropout`), built once and shared by every
+    layer: each token's attention-output and feed-forward sites, every attention block's probabilities, and —
+    for a first-token-only last layer — the same for each text's first token."""
+
+    tokens: HiddenSites
+    blocks: AttentionSites | None
+    firsts: HiddenSites | None = None
+    first_blocks: AttentionSites | None = None
+
+    @classmethod
+    def build(cls, backbone: Any, batch: PackedBatch, first_tokens_only: bool) -> DropoutSites | None:
+        """The counters ``backbone``'s layers need for ``batch``, or None outside training."""
+        layer = backbone.encoder.layer[0]
+        if not layer.training or batch.keys is None:
+            return None
+        attention = layer.attention.self
+        heads, hidden = attention.num_attention_heads, attention.all_head_size
+        sites = (SITE_ATTENTION_OUTPUT, SITE_FEED_FORWARD)
+        dropped = float(attention.dropout.p) > 0
+        device = batch.input_ids.device
+        blocks = [(g.first, g.texts, g.width, g.width) for g in batch.groups]
+        out = cls(
+            HiddenSites(batch.position_ids, hidden, sites=sites),
+            AttentionSites(blocks, heads, device) if dropped else None,
+        )
+        if first_tokens_only:
+            out.firsts = HiddenSites(torch.zeros_like(batch.offsets), hidden, sites=sites)
+            if dropped:
+                first_blocks = [(g.first, g.texts, 1, g.width) for g in batch.groups]
+                out.first_blocks = AttentionSites(first_blocks, heads, device)
+        return out
+
+
+def _layer_masks(
+    layer: Any, number: int, batch: PackedBatch, sites: DropoutSites | None, first_only: bool
+) -> LayerMasks | None:
+    """This layer's keyed dropout masks, or None outside training; rows are every token, or each text's first
+    token for a first-token-only layer."""
+    if sites is None or batch.keys is None:
         return None
-    attention = layer.attention.self
-    p_attention = float(attention.dropout.p)
+    p_attention = float(layer.attention.self.dropout.p)
     p_hidden = float(layer.output.dropout.p)
     if p_attention <= 0 and p_hidden <= 0:
         return None
+    hidden_sites = sites.firsts if first_only else sites.tokens
+    assert hidden_sites is not None, "DropoutSites.build(first_tokens_only=True) makes the first-token sites"
     return LayerMasks(
-        batch.keys,
-        batch.length_list,
-        layer=number,
-        heads=attention.num_attention_heads,
-        hidden=attention.all_head_size,
+        layer_keys(batch.keys, number),
+        None if first_only else batch.segment,
+        hidden_sites=hidden_sites,
+        attention_sites=sites.first_blocks if first_only else sites.blocks,
         p_attention=p_attention,
         p_hidden=p_hidden,
-        rows=rows,
-        device=batch.input_ids.device,
     )
 
 
 def _bert_layer(
-    layer: Any, number: int, hidden: Tensor, batch: PackedBatch, first_only: bool = False
+    layer: Any,
+    number: int,
+    hidden: Tensor,
+    batch: PackedBatch,
+    sites: DropoutSites | None,
+    first_only: bool = False,
 ) -> Tensor:
     """One ``BertLayer`` over all packed tokens; with ``first_only``, for each text's first token only (keys and
     values of all tokens, the rest of the layer for the first tokens: the same values and gradients as the full
@@ -220,7 +320,7 @@ def _bert_layer(
     attention = layer.attention.self
     scale = getattr(attention, "scaling", attention.attention_head_size**-0.5)
     heads = attention.num_attention_heads
-    masks = _layer_masks(layer, number, batch, 1 if first_only else None)
+    masks = _layer_masks(layer, number, batch, sites, first_only)
     parts = (
         [attention.key, attention.value] if first_only else [attention.query, attention.key, attention.value]
     )
@@ -260,35 +360,30 @@ def packed_hidden(
     ``checkpoint_layers=True`` keeps only each layer's input for the backward pass and recomputes the layer there
     (gradient checkpointing): the keyed masks are a function of the keys, so the recomputation is exact.
     """
-    hidden = _embed(backbone.embeddings, batch)
+    sites = DropoutSites.build(backbone, batch, first_tokens_only)
+    hidden = _embed(backbone.embeddings, batch, sites)
     layers = backbone.encoder.layer
     for number, layer in enumerate(layers):
         first_only = first_tokens_only and number == len(layers) - 1
         if checkpoint_layers and torch.is_grad_enabled():
-            hidden = checkpoint(_bert_layer, layer, number, hidden, batch, first_only, use_reentrant=False)
+            hidden = checkpoint(
+                _bert_layer, layer, number, hidden, batch, sites, first_only, use_reentrant=False
+            )
         else:
-            hidden = _bert_layer(layer, number, hidden, batch, first_only)
+            hidden = _bert_layer(layer, number, hidden, batch, sites, first_only)
     return hidden
 
 
-def _embed(embeddings: Any, batch: PackedBatch) -> Tensor:
-    """``BertEmbeddings``: word + position + token-type embeddings, LayerNorm, then its dropout as keyed masks."""
+def _embed(embeddings: Any, batch: PackedBatch, sites: DropoutSites | None) -> Tensor:
+    """``BertEmbeddings``: word + position + token-type embeddings, LayerNorm, then its dropout as keyed masks
+    (layer -1's feed-forward site)."""
     type_ids = batch.token_type_ids if batch.token_type_ids is not None else torch.zeros_like(batch.input_ids)
     hidden = embeddings.word_embeddings(batch.input_ids) + embeddings.token_type_embeddings(type_ids)
     hidden = embeddings.LayerNorm(hidden + embeddings.position_embeddings(batch.position_ids))
     p = float(embeddings.dropout.p)
-    if embeddings.training and p > 0 and batch.keys is not None:
-        masks = LayerMasks(
-            batch.keys,
-            batch.length_list,
-            layer=-1,
-            heads=0,
-            hidden=hidden.shape[1],
-            p_attention=0.0,
-            p_hidden=p,
-            device=hidden.device,
-        )
-        hidden = hidden * masks.hidden_mask(0, hidden.dtype)
+    if sites is not None and p > 0 and batch.keys is not None:
+        keys = layer_keys(batch.keys, -1).index_select(0, batch.segment)
+        hidden = hidden * sites.tokens.keeps(keys, p, hidden.dtype, site=1)[0]
     return hidden
 
 
@@ -298,17 +393,17 @@ def _attend_first(
     """Attention of each text's first token over its own tokens: queries ``(texts, hidden)`` (packed order) and
     keys/values ``(tokens, 2 * hidden)`` -> ``(texts, hidden)``."""
     hidden = q.shape[1]
-    outputs, first = [], 0
-    for g in batch.groups:
-        k, v = _blocks(kv, g, 2, heads)
-        query = q[first : first + g.texts].view(g.texts, heads, 1, hidden // heads)
-        drop = None if masks is None else masks.attention(first, g.texts, g.width)
+    buffer = to_blocks(kv, batch)
+    outputs = []
+    for index, g in enumerate(batch.groups):
+        k, v = _heads(group_rows(buffer, g), g, 2, heads)
+        query = q[g.first : g.first + g.texts].view(g.texts, heads, 1, hidden // heads)
+        drop = None if masks is None else masks.attention(index)
         if drop is None or masks is None:  # inference, or no attention dropout
             context = written_attention(query, k, v, g.key_mask, None, 1.0, scale)  # (texts, heads, 1, d)
         else:
             context = dropped_attention(query, k, v, g.key_mask, drop, masks.attention_scale, scale)
         outputs.append(context.reshape(g.texts, hidden))
-        first += g.texts
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
@@ -335,12 +430,6 @@ def packed_logits(model: Any, batch: PackedBatch, *, checkpoint_layers: bool = F
     keep = None
     if model.training and batch.keys is not None:
         layers = len(model.bert.encoder.layer)
-        keep = head_mask(
-            batch.keys,
-            layer=layers,
-            hidden=pooled.shape[1],
-            p=float(model.dropout.p),
-            dtype=pooled.dtype,
-            device=pooled.device,
-        )
+        p = float(model.dropout.p)
+        keep = head_mask(batch.keys, layer=layers, hidden=pooled.shape[1], p=p, dtype=pooled.dtype)
     return model.classifier(pooled if keep is None else pooled * keep)

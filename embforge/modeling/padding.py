@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -36,6 +38,26 @@ def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[in
     if current:
         chunks.append(current)
     return chunks
+
+
+def length_buckets(lengths: np.ndarray) -> np.ndarray:
+    """Bucket of each length: lengths within a factor of about sqrt(2) share one (attention blocks then pad at
+    most ~2x the attention work of their longest text, and a batch has at most ~18 buckets up to 512 tokens)."""
+    return np.ceil(2 * np.log2(np.maximum(lengths, 1))).astype(np.int64)
+
+
+def plan_groups(lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+    """``(first, texts)`` of each attention group over length-sorted (descending) ``lengths``: a new group where
+    the length bucket changes, or where a group would exceed ``max_tokens`` padded tokens (each group holds at
+    least one text). The number of groups depends on the spread of lengths, not on the batch size, unless the
+    budget binds."""
+    starts = np.flatnonzero(np.diff(length_buckets(lengths))) + 1
+    bounds = [0, *starts.tolist(), len(lengths)]
+    groups = []
+    for begin, end in pairwise(bounds):
+        per_group = max(1, max_tokens // int(lengths[begin]))
+        groups += [(first, min(per_group, end - first)) for first in range(begin, end, per_group)]
+    return groups
 
 
 def pad_ids(
@@ -70,7 +92,8 @@ def in_length_chunks(
     seed: int | None = None,
     places: Sequence[int] | None = None,
 ) -> Tensor:
-    """``forward`` over length-sorted chunks of at most ``max_tokens`` padded tokens, outputs in the input order.
+    """``forward`` over length-sorted chunks of similar lengths (:func:`plan_groups`:
+    within a factor of ~sqrt(2), at most ``max_tokens`` padded tokens), outputs in the input order.
 
     With ``seed`` (training), each chunk runs under torch's generator seeded from ``(seed, place of the chunk's
     first item)``, so a chunk's dropout masks are the same whenever the same chunk is forwarded again (the cached
@@ -80,7 +103,8 @@ def in_length_chunks(
     order = sorted(range(len(items)), key=lambda i: -sizes[i])
     where = list(range(len(items))) if places is None else list(places)
     parts = []
-    for chunk in token_budget_chunks([sizes[i] for i in order], max_tokens):
+    for first, count in plan_groups(np.array([sizes[i] for i in order]), max_tokens):
+        chunk = range(first, first + count)
         members = [items[order[i]] for i in chunk]
         if seed is None:
             parts.append(forward(members))

@@ -48,12 +48,13 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
     importing it, so sentence-transformers is never imported).
 
     Raises:
-        FileNotFoundError: Not a folder, alias or resolvable Hub id; the message says where it looked and what
-            to do.
+        FileNotFoundError: Not a folder, alias or resolvable Hub id, or a folder without a model in it
+            (:class:`NotAModelFolder`: no ``config.json`` or ``modules.json``); the message says where it looked
+            and what to do.
     """
     candidate = Path(path).expanduser()
     if candidate.is_dir():
-        return candidate
+        return _model_folder(candidate)
     package = _ALIASES.get(str(path).lower())
     if package is not None:
         spec = importlib.util.find_spec(package)
@@ -69,6 +70,25 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
     raise FileNotFoundError(
         f"model folder {text!r} does not exist (give a local folder, a Hugging Face Hub id such as "
         f"BAAI/bge-small-en-v1.5, or the alias {DEFAULT_MODEL})"
+    )
+
+
+# a folder holding one of these is a model folder: transformers' config, sentence-transformers' module list, an
+# ONNX export's record (modeling/onnx_runtime.py)
+MODEL_MARKERS = ("config.json", "modules.json", "embforge_onnx.json")
+
+
+class NotAModelFolder(FileNotFoundError):
+    """An existing folder without a model in it (an empty folder, ``/etc``, a data folder)."""
+
+
+def _model_folder(folder: Path) -> Path:
+    """``folder``, when it holds a model; else a :class:`NotAModelFolder` saying what is expected."""
+    if any((folder / name).is_file() for name in MODEL_MARKERS):
+        return folder
+    raise NotAModelFolder(
+        f"not a model folder: no config.json / modules.json in {folder}; expected a sentence-transformers or "
+        f"transformers model folder, an alias ({DEFAULT_MODEL}) or a Hugging Face Hub id (BAAI/bge-small-en-v1.5)"
     )
 
 

@@ -174,8 +174,9 @@ def train(
         optimizer, _linear_schedule(int(config.warmup_ratio * total_steps), total_steps)
     )
     dtype = amp_dtype(config.amp, device)
-    # padded tokens per forward chunk: small on CPU (less padding beats bigger matrices), large on GPUs
-    chunk_tokens = config.chunk_tokens or (512 if device.type == "cpu" else 16384)
+    # padded tokens per attention block / padded chunk: texts are grouped by length first, so a large budget costs
+    # little padding and keeps the operations per step independent of the batch size
+    chunk_tokens = config.chunk_tokens or 16384
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     # what a checkpoint saves and a resume restores, by name
     trainer: dict[str, Any] = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
