@@ -45,7 +45,12 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ),
     ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens"),
     ("--columns", "columns", str, "column mapping, e.g. '0=sentence1,1=sentence2,2=score'"),
-    ("--chunk-tokens", "chunk_tokens", int, "padded tokens per attention block or padded chunk (default 16384)"),
+    (
+        "--chunk-tokens",
+        "chunk_tokens",
+        int,
+        "padded tokens per attention block or padded chunk (default 16384)",
+    ),
     ("--device", "device", str, "cpu, cuda, cuda:1 ... (default auto)"),
     ("--retrieval-train", "retrieval_train", str, "BEIR or SciFact folder: train a retriever on its qrels"),
     ("--retrieval-split", "retrieval_split", str, "qrels split to train on (default train)"),
