@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from embforge.files import write_text_atomic
 from embforge.modeling.precision import autocast_tag
 from embforge.progress import progress_bar, progress_enabled
 from embforge.retrieval.index.base import read_ids, write_ids
 from embforge.retrieval.sharded import broadcast_from_main, is_main, is_sharded, share_rows, unwrapped
-from embforge.training.checkpoints import write_text_atomic
 
 EMBEDDINGS = "embeddings.npy"
 PROGRESS = "progress.json"

@@ -12,7 +12,7 @@ twice.
 
 :func:`embforge.retrieval.corpus_cache.encode_corpus` with a sharded model splits each block this way; rank 0
 alone writes the folder (embeddings, ids, progress) and decides which blocks are left to encode when resuming.
-Callers that write outputs (the CLI verbs) write them on rank 0 (:func:`embforge.training.distributed.is_main`).
+Callers that write outputs (the CLI verbs) write them on rank 0 (:func:`embforge.parallel.is_main`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from embforge.training.distributed import (
+from embforge.parallel import (
     all_gather_objects,
     init_from_env,
     is_main,
