@@ -151,9 +151,19 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
             f"eval retrieval: evaluating split {split!r} of {args.data} (choose with --split)",
             file=sys.stderr,
         )
-    check_kind(args.index_kind)
     data = load_data(args.data, split)
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
+    from embforge.kinds import ModelKind, folder_kind
+
+    if folder_kind(args.model) == ModelKind.MULTIVECTOR:  # ColBERT: MaxSim, --index-kind exact or plaid
+        from embforge.multivector import MultiVectorEncoder
+        from embforge.multivector.evaluate import evaluate_multivector
+
+        late = MultiVectorEncoder.load(args.model, max_seq_length=args.max_seq_length)
+        return evaluate_multivector(
+            late, data, metrics=metrics, batch_size=args.batch_size, index=args.index_kind
+        )
+    check_kind(args.index_kind)
     model = sharded(Encoder.load(args.model, max_seq_length=args.max_seq_length))  # torchrun: shares
     result = evaluate_retrieval(
         model,

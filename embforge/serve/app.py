@@ -150,6 +150,12 @@ def create_app(
         saves the store.
     """
     cfg = config or ServeConfig()
+    from embforge.kinds import ModelKind, kind_of
+
+    if not isinstance(model, Mapping) and kind_of(model) == ModelKind.MULTIVECTOR:  # token vectors, MaxSim
+        from embforge.multivector.serve import create_multivector_app
+
+        return create_multivector_app(model, name=cfg.model_name, max_inputs=cfg.max_inputs)
     metrics = Metrics()
     embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
     rerankers: dict[str, Any] = {}
