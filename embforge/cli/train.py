@@ -46,6 +46,17 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens"),
     ("--columns", "columns", str, "column mapping, e.g. '0=sentence1,1=sentence2,2=score'"),
     (
+        "--data-mode",
+        "data_mode",
+        str,
+        "memory (default), mmap (an Arrow cache written once, memory-mapped) or stream (read as training goes); "
+        "--train may then be a folder of data files or a Hugging Face data set id",
+    ),
+    ("--max-bad-rows", "max_bad_rows", int, "mmap/stream: skip up to N bad rows (default 0: stop at the first)"),
+    ("--shuffle-window", "shuffle_window", int, "rows shuffled together (default: a whole file; stream 10000)"),
+    ("--data-cache", "data_cache", str, "mmap: folder for the Arrow cache (default: the datasets cache)"),
+    ("--data-split", "data_split", str, "split of a Hugging Face data set id (default train)"),
+    (
         "--chunk-tokens",
         "chunk_tokens",
         int,

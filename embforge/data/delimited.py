@@ -25,7 +25,7 @@ from __future__ import annotations
 import csv
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from embforge.data.columns import (
@@ -42,8 +42,18 @@ Record = tuple[int, list[str]]
 Row = tuple[int, dict[str, object]]
 
 
-def delimited_rows(path: Path, mapping: dict[str, str], header: bool | None, delimiter: str) -> Iterator[Row]:
-    """``(line, {standard name: cell})`` for each data row of a CSV (``delimiter=","``) or TSV file."""
+def delimited_rows(
+    path: Path,
+    mapping: dict[str, str],
+    header: bool | None,
+    delimiter: str,
+    *,
+    skip: Callable[[DataError], None] | None = None,
+) -> Iterator[Row]:
+    """``(line, {standard name: cell})`` for each data row of a CSV (``delimiter=","``) or TSV file.
+
+    ``skip``, if given, is called with the error of a ragged row (which is then left out) instead of raising it.
+    """
     if delimiter == ",":
         delimiter = sniff_delimiter(path)
     records = _tsv_records(path) if delimiter == "\t" else _csv_records(path, delimiter)
@@ -75,7 +85,11 @@ def delimited_rows(path: Path, mapping: dict[str, str], header: bool | None, del
             )
         blank = None
         if len(cells) != width:
-            raise DataError(f"{path}:{line}: expected {width} columns, found {len(cells)} (ragged row)")
+            ragged = DataError(f"{path}:{line}: expected {width} columns, found {len(cells)} (ragged row)")
+            if skip is None:
+                raise ragged
+            skip(ragged)
+            continue
         yield line, {n: v for n, v in zip(names, cells) if n is not None}
 
 

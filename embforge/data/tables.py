@@ -39,7 +39,6 @@ from embforge.data.columns import (
     standard_name,
 )
 from embforge.data.delimited import Row, delimited_rows, header_names
-from embforge.data.texts import ControlCharacters, is_blank
 from embforge.files import DataError, read_jsonl
 
 __all__ = [
@@ -94,6 +93,18 @@ class Dataset:
                     f"{self.path}:1: missing column {name!r} needed by {purpose}; the file has "
                     f"{', '.join(self.columns) or 'no columns'} (map other names with --columns)"
                 )
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.lines)
+
+    def take(self, positions: Sequence[int]) -> dict[str, list]:
+        """``{column: values}`` of the rows at ``positions`` (the row-source contract, ``data/sources.py``)."""
+        return {name: [values[i] for i in positions] for name, values in self.columns.items()}
+
+    def rows(self, start: int, end: int) -> dict[str, list]:
+        """``{column: values}`` of rows ``start..end``."""
+        return {name: values[start:end] for name, values in self.columns.items()}
 
     def subset(self, indices: Sequence[int]) -> Dataset:
         return Dataset(
@@ -201,7 +212,6 @@ def _validate(
     path: Path, rows: Iterator[Row], label_set: Sequence[int] | None, label_names: Sequence[str] | None
 ) -> Dataset:
     data = Dataset(str(path))
-    controls = ControlCharacters(path)  # replaced by spaces, counted, one warning (data/texts.py)
     expected: list[str] | None = None
     for line, row in rows:
         if expected is None:
@@ -213,9 +223,8 @@ def _validate(
         for name, value in row.items():
             if name not in data.columns:
                 raise DataError(f"{path}:{line}: column {name!r}: not present in earlier rows")
-            data.columns[name].append(_check_value(path, line, name, value, controls))
+            data.columns[name].append(_check_value(path, line, name, value))
         data.lines.append(line)
-    controls.warn()
     if not data.lines:
         raise DataError(f"{path}:1: the file has no data rows")
     if "label" in data.columns:
@@ -230,9 +239,7 @@ def _validate(
     return data
 
 
-def _check_value(
-    path: Path, line: int, name: str, value: object, controls: ControlCharacters | None = None
-) -> object:
+def _check_value(path: Path, line: int, name: str, value: object) -> object:
     if name == "score" and isinstance(value, list):  # one teacher score per candidate (`embforge score`)
         if not value or any(isinstance(v, list) for v in value):
             raise DataError(
@@ -259,12 +266,8 @@ def _check_value(
         return as_integer(value)
     if not isinstance(value, str):
         raise DataError(f"{path}:{line}: column {name!r}: expected text, found {type(value).__name__}")
-    if controls is not None:
-        value = controls.clean(value, line=line, column=name)
-    if is_blank(value):
-        raise DataError(
-            f"{path}:{line}: column {name!r}: empty text (only whitespace or invisible characters)"
-        )
+    if not value.strip():
+        raise DataError(f"{path}:{line}: column {name!r}: empty text")
     return value
 
 

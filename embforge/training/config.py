@@ -47,6 +47,7 @@ class TrainConfig:
     metric: str | None = None  # None: the evaluator's main metric (primary_metric)
     device: str = "auto"
     sampling: str = "epoch"
+    shuffle_window: int = 0  # rows shuffled together (a stream's buffer); 0: a whole task (a stream: 10,000)
     sampling_alpha: float = 0.5
     dynamic_weights_every: int = 0
     dynamic_weights_smoothing: float = 0.5
@@ -66,6 +67,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.mini_batch_size < 0:
             raise ValueError(f"mini_batch_size must be >= 0 (0 = no cached step), got {self.mini_batch_size}")
+        if self.shuffle_window < 0:
+            raise ValueError(f"shuffle_window must be >= 0 (0 = a whole task), got {self.shuffle_window}")
         for name in ("epochs", "batch_size", "grad_accum", "chunk_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -77,13 +80,15 @@ class TrainConfig:
         LoraConfig.from_fields(self)  # validates the lora_* fields
 
 
-def planned_steps(sizes: Sequence[int], config: TrainConfig) -> int:
+def planned_steps(sizes: Sequence[int | None], config: TrainConfig) -> int:
     """Optimiser steps of a run over tasks of ``sizes`` rows: ``max_steps``, else ``epochs`` passes over every
     task in batches of ``batch_size`` with ``grad_accum`` batches per step. The one count every schedule uses
     (learning rate, hard-negative ratio)."""
     if config.max_steps:
         return config.max_steps
-    batches_per_epoch = sum(math.ceil(n / config.batch_size) for n in sizes)
+    if any(n is None for n in sizes):
+        raise ValueError("a streamed data set of unknown length needs max_steps (--max-steps N)")
+    batches_per_epoch = sum(math.ceil((n or 0) / config.batch_size) for n in sizes)
     return max(1, math.ceil(config.epochs * batches_per_epoch / config.grad_accum))
 
 

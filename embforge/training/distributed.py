@@ -52,6 +52,18 @@ from embforge.parallel import (  # noqa: F401 (the process group, re-exported fo
 )
 
 
+# ------------------------------------------------------------------------------------------------ rank rows
+def rank_rows(rows: Sequence[int], *, rank: int, world: int) -> tuple[int, ...]:
+    """This rank's contiguous part of a global batch's ``rows`` (what it reads, tokenises and embeds when each
+    rank computes the loss of its own rows): over an epoch the ranks' rows are disjoint and cover every row.
+
+    >>> rank_rows((7, 3, 9), rank=1, world=2)
+    (9,)
+    """
+    start, end = spans_for(len(rows), world)[rank]
+    return tuple(rows[start:end])
+
+
 # --------------------------------------------------------------------------------------------------- gather
 class _GatherSlices(torch.autograd.Function):
     """All-gather every rank's slice into the global tensor; the backward keeps the local slice's gradient."""
@@ -199,10 +211,10 @@ class DataParallel:
             self._weight = 1.0
             size = len(gathered.inputs(rows))
             return RankForward(self, first=gathered.start, size=size, sync=sync), gathered, rows
-        start, end = spans_for(len(rows), self.world)[self.rank]
-        local = rows[start:end] or rows[:1]
-        self._weight = 1.0 if end > start else 0.0
-        view: Any = task if end > start else _Silenced(task)
+        own = rank_rows(rows, rank=self.rank, world=self.world)
+        local = own or rows[:1]
+        self._weight = 1.0 if own else 0.0
+        view: Any = task if own else _Silenced(task)
         size = len(task.inputs(local))
         return RankForward(self, first=0, size=size, sync=sync), view, local
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from embforge.data.sources import plan_window, row_count, window_counter
 from embforge.files import append_jsonl
 from embforge.modeling.lora import merge_lora, uses_adapters
 from embforge.modeling.precision import amp_dtype
@@ -34,7 +35,7 @@ from embforge.training.checkpoints import (
 from embforge.training.config import TrainConfig, planned_steps, primary_metric
 from embforge.training.distributed import DataParallel, barrier, init_from_env, is_main, rank_device
 from embforge.training.model_card import task_info, write_model_card
-from embforge.training.sampling import TaskPlan, row_texts, uses_in_batch_negatives
+from embforge.training.sampling import TaskPlan, TextKeys, uses_in_batch_negatives
 from embforge.training.step import cached_step
 from embforge.training.tasks import PreparedTask, Task, prepare
 from embforge.training.weighting import DynamicWeights
@@ -82,16 +83,21 @@ def _linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
-def _prepare(
-    model: Any, tasks: list[Task], config: TrainConfig
-) -> tuple[list[PreparedTask], list[int], Any, Any]:
-    """Tokenise the tasks and derive what the batch plan needs: sizes, lengths, distinct-text keys."""
+def _prepare(model: Any, tasks: list[Task], config: TrainConfig) -> tuple[list[PreparedTask], dict[str, Any]]:
+    """Ready the tasks (rows are read and tokenised per batch) and what the batch plan reads from them: sizes,
+    windows (streams), lengths, distinct-text keys — the last two a window at a time."""
     prepared = [prepare(task, model) for task in tasks]
-    sizes = [len(t.data) for t in tasks]
-    lengths = [p.lengths for p in prepared] if config.group_by_length else None
-    # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
-    distinct = [row_texts(t.data.texts()) if uses_in_batch_negatives(t.loss) else None for t in tasks]
-    return prepared, sizes, lengths, distinct
+    plan_inputs = {
+        "sizes": [row_count(t.data) for t in tasks],
+        "windows": [plan_window(t.data, config.shuffle_window or None) for t in tasks],
+        "counts": [window_counter(t.data) for t in tasks],
+        "lengths": [p.lengths for p in prepared] if config.group_by_length else None,
+        # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
+        "distinct": [
+            TextKeys(t.data, t.data.text_columns) if uses_in_batch_negatives(t.loss) else None for t in tasks
+        ],
+    }
+    return prepared, plan_inputs
 
 
 def train(
@@ -135,7 +141,7 @@ def train(
     if config.gradient_checkpointing:
         model.gradient_checkpointing(True)
     losses = nn.ModuleList([t.loss for t in tasks]).to(device)
-    prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
+    prepared, plan_inputs = _prepare(model, tasks, config)
     weights = [t.weight for t in tasks]
     dynamic = (
         DynamicWeights(
@@ -151,17 +157,15 @@ def train(
 
     def plan_for(epoch: int) -> TaskPlan:
         return TaskPlan(
-            sizes,
-            config.batch_size,
+            batch_size=config.batch_size,
             seed=config.seed,
             epoch=epoch,
             strategy=config.sampling,
             alpha=config.sampling_alpha,
-            lengths=lengths,
-            distinct=distinct,
+            **plan_inputs,
         )
 
-    total_steps = planned_steps(sizes, config)
+    total_steps = planned_steps(plan_inputs["sizes"], config)
     if config.resume:  # a finished run: nothing to do (artifacts.py)
         done = resume_finished(out, total_steps, keep_training_state=config.keep_training_state, main=main)
         if done is not None:
@@ -312,7 +316,7 @@ def train(
         fresh = refresher(step, model) if refresher is not None else None
         if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
             tasks = fresh
-            prepared, sizes, lengths, distinct = _prepare(model, tasks, config)
+            prepared, plan_inputs = _prepare(model, tasks, config)
             plan = plan_for(progress["epoch"])
             model.train()
             progress["refreshed_at"] = step  # saved below: on resume the refresher restores these tasks

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -198,7 +198,7 @@ class NegativeRefresher:
                 f"negative refresh started at step {self._job.get('started_step')} failed"
             ) from error
         tasks, self._result = self._result, None
-        saved = self._save(tasks[0].data, step) if tasks and self.log_dir is not None else None
+        saved = self._save(cast(Dataset, tasks[0].data), step) if tasks and self.log_dir is not None else None
         record: dict[str, Any] = {
             "event": "refresh",
             "started_step": self._job.get("started_step"),

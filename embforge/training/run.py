@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from embforge.data.retrieval import training_pairs
+from embforge.data.sources import RowSource, SourceOptions, open_source, row_count
 from embforge.data.tables import Dataset, read_table
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import TrainConfig, planned_steps
@@ -39,6 +40,11 @@ class RunSpec:
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
     max_seq_length: int | None = None
+    # how training files are read (embforge.data.sources): memory, mmap (Arrow cache) or stream
+    data_mode: str = "memory"
+    max_bad_rows: int = 0
+    data_cache: str | None = None
+    data_split: str = "train"
     # a kind of embforge.kinds.ModelKind: "dense" (Encoder; "bi" also accepted), "cross" (CrossEncoder; losses
     # bce, ce, cosent, mse, listwise), "multivector", "sparse" or "static"
     model_type: str = "dense"
@@ -82,7 +88,7 @@ def make_loss(
     name: str,
     *,
     model: Any,
-    data: Dataset,
+    data: Dataset | RowSource,
     options: dict[str, Any] | None = None,
     matryoshka_dims: list[int] | None = None,
     matryoshka_weights: list[float] | None = None,
@@ -109,7 +115,7 @@ def make_loss(
         return get_multivector_loss(name, **options)
     from embforge.losses import get_loss
 
-    labels = data.labels()
+    labels = data.labels() if isinstance(data, Dataset) else None  # a stream's labels are not all known
     num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
     loss = get_loss(
         name,
@@ -119,7 +125,8 @@ def make_loss(
         matryoshka_weights=matryoshka_weights,
         **options,
     )
-    if hasattr(model, "encode"):  # a loaded model (a pipeline check passes only its size)
+    # a loaded model (a pipeline check passes only its size); data-dependent starts read a whole table
+    if hasattr(model, "encode") and isinstance(data, Dataset):
         loss.start_from(model, data)
     return loss
 
@@ -148,7 +155,7 @@ def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
         raise ValueError("no training data: pass --train FILE (or train = [...] in the config file)")
     tasks = []
     for path in spec.train:
-        data = read_table(path, columns=spec.columns)
+        data = open_source(path, source_options(spec))
         loss = make_loss(
             resolved_loss(spec),
             model=model,
@@ -161,6 +168,18 @@ def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
         task.validate()
         tasks.append(task)
     return tasks
+
+
+def source_options(spec: RunSpec) -> SourceOptions:
+    """How ``spec``'s training files are read (a stream's window is the plan's shuffle window)."""
+    return SourceOptions(
+        mode=spec.data_mode,
+        columns=spec.columns,
+        max_bad_rows=spec.max_bad_rows,
+        window=spec.config.shuffle_window or SourceOptions.window,
+        cache_dir=spec.data_cache,
+        split=spec.data_split,
+    )
 
 
 def resolved_loss(spec: RunSpec) -> str:
@@ -225,7 +244,9 @@ def run(spec: RunSpec) -> dict[str, Any]:
         tasks, refresher, retrieval_eval = _retrieval_setup(spec, model, tasks)
         evaluator = retrieval_eval or evaluator
     if not spec.config.quiet:
-        described = ", ".join(f"{t.name} ({len(t.data)} rows, loss {t.loss.name})" for t in tasks)
+        described = ", ".join(
+            f"{t.name} ({row_count(t.data) or 'streamed'} rows, loss {t.loss.name})" for t in tasks
+        )
         print(f"train: {spec.model} ({spec.model_type}-encoder) on {described}", file=sys.stderr)
     return train(model, tasks, spec.config, evaluator=evaluator, refresher=refresher)
 
@@ -239,7 +260,7 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
     assert spec.retrieval_train is not None
     data = load_retrieval_folder(spec.retrieval_train, spec.retrieval_split)
     rows = sum(1 for rel in data.qrels.values() for grade in rel.values() if grade > 0)
-    steps = planned_steps([len(t.data) for t in tasks] + [rows], spec.config)
+    steps = planned_steps([row_count(t.data) for t in tasks] + [rows], spec.config)
     pairs = training_pairs(data)
     loss = make_loss(resolved_loss(spec), model=model, data=pairs, options=spec.loss_options)
     tasks, refresher = retrieval_training(

@@ -22,7 +22,7 @@ because a duplicate would be scored as a negative of itself (a false negative).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,94 @@ def task_batches(
     return batches
 
 
+class _Slices(Sequence[tuple[int, ...]]):
+    """Batches as consecutive slices of a shuffled order (no grouping, no distinct texts): 8 bytes per row, and
+    each batch's tuple made only when it is asked for (a 10M-row pass is one array, not 300k tuples)."""
+
+    def __init__(self, order: np.ndarray, batch_size: int) -> None:
+        self.order, self.batch_size = order, batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.batch_size)
+
+    def __getitem__(self, j):  # noqa: ANN001 (Sequence's overloads)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        return tuple(int(r) for r in self.order[j * self.batch_size : (j + 1) * self.batch_size])
+
+
+def window_batches(
+    size: int,
+    batch_size: int,
+    rng: np.random.Generator,
+    *,
+    lengths: Sequence[int] | None = None,
+    distinct: Sequence[Sequence[Hashable]] | None = None,
+) -> Sequence[tuple[int, ...]]:
+    """:func:`task_batches`, kept as one shuffled array when there is nothing to group or keep distinct."""
+    if lengths is None and distinct is None:
+        return _Slices(rng.permutation(size), batch_size)
+    return task_batches(size, batch_size, rng, lengths=lengths, distinct=distinct)
+
+
+class _TaskOrder:
+    """One task's batches in one epoch: pass after pass (cycling strategies), each pass window after window.
+
+    A window is cut (shuffled, grouped by length, texts kept distinct, split into batches) when a batch in it is
+    first asked for; only that window's batches are kept. ``cursor`` counts the task's batches this epoch, so
+    asking for an earlier one replays the cuts from the start of the epoch (the plan stays a pure function).
+    """
+
+    def __init__(self, plan: TaskPlan, task: int) -> None:
+        self.plan, self.task = plan, task
+        self.restart()
+
+    def restart(self) -> None:
+        self.pass_, self.window, self.first = 0, -1, 0  # the cut window and its first cursor
+        self.batches: Sequence[tuple[int, ...]] = ()
+        self.cut_batches = 0  # batches of pass 0's windows cut so far
+        self.cut_rows = 0
+        self.pass_ended = False  # pass 0 is cut to its end
+        self.last_size = 0
+
+    def get(self, cursor: int) -> tuple[int, ...]:
+        if cursor < self.first:
+            self.restart()
+        while cursor >= self.first + len(self.batches):
+            self._next_window()
+        return self.batches[cursor - self.first]
+
+    def _next_window(self) -> None:
+        self.first += len(self.batches)
+        k = self.window + 1
+        start, size = self.plan.window_span(self.task, k)
+        if size == 0:  # the pass is over: the next one (cycling strategies)
+            if k == 0:
+                raise ValueError(f"task {self.task} has no rows")
+            self.pass_ended = True
+            self.pass_, k = self.pass_ + 1, 0
+            start, size = self.plan.window_span(self.task, 0)
+        self.window, self.last_size = k, size
+        self.batches = self.plan.cut(self.task, self.pass_, k, start, size)
+        if self.pass_ == 0:
+            self.cut_batches += len(self.batches)
+            self.cut_rows += size
+
+    def pass_batches(self) -> float:
+        """Batches in the task's first pass: exact for the windows cut, estimated (no deferrals) for the rest."""
+        if self.pass_ended or self.pass_ > 0:
+            return self.cut_batches
+        size, window, b = self.plan.sizes[self.task], self.plan.windows[self.task], self.plan.batch_size
+        if size is None:  # a stream of unknown length: one more window, unless the last one was short
+            assert window is not None
+            return self.cut_batches + (-(-window // b) if self.last_size == window or self.window < 0 else 0)
+        left = size - self.cut_rows
+        if window is None:
+            return self.cut_batches + -(-left // b)
+        full, rest = divmod(left, window)
+        return self.cut_batches + full * -(-window // b) + -(-rest // b)
+
+
 class TaskPlan:
     """The batches of one epoch over several tasks, drawn one at a time.
 
@@ -132,11 +220,17 @@ class TaskPlan:
     task of the batch at ``position`` is picked with a uniform number fixed by ``(seed, epoch, position)`` and
     the current weights, and the task's queue gives the rows at its cursor. The epoch has as many batches as
     one pass over every task (so ``steps per epoch`` does not depend on the strategy).
+
+    ``windows[t]`` (default: none) cuts task *t*'s pass into windows of that many consecutive rows, each shuffled
+    and batched on its own: the plan then reads (keys, lengths) one window at a time, which a stream needs and
+    which keeps a corpus-sized task's plan small. ``sizes[t]`` is ``None`` for a stream of unknown length; then
+    ``counts[t](start, end)`` says how many rows a window holds (0 past the end). ``lengths[t]`` and
+    ``distinct[t]`` are read by slices (``keys[start:end]``), a window at a time.
     """
 
     def __init__(
         self,
-        sizes: Sequence[int],
+        sizes: Sequence[int | None],
         batch_size: int,
         *,
         seed: int,
@@ -145,39 +239,78 @@ class TaskPlan:
         alpha: float = 0.5,
         lengths: Sequence[Sequence[int] | None] | None = None,
         distinct: Sequence[Sequence[Sequence[Hashable]] | None] | None = None,
+        windows: Sequence[int | None] | None = None,
+        counts: Sequence[Callable[[int, int], int] | None] | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"sampling strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sizes = [int(n) for n in sizes]
+        self.sizes = [None if n is None else int(n) for n in sizes]
+        self.windows = list(windows) if windows is not None else [None] * len(self.sizes)
+        self.counts = list(counts) if counts is not None else [None] * len(self.sizes)
+        for t, (size, window) in enumerate(zip(self.sizes, self.windows)):
+            if size is None and (window is None or self.counts[t] is None):
+                raise ValueError(f"task {t}: a source of unknown size needs a window and a row count")
+        if None in self.sizes and strategy in ("size", "temperature"):
+            raise ValueError(f"sampling {strategy!r} needs every task's size; a stream's size is not known")
         self.batch_size = batch_size
         self.seed, self.epoch, self.strategy, self.alpha = seed, epoch, strategy, alpha
         self.lengths = lengths
         self.distinct = distinct
-        self.queues = [self._pass(t, 0) for t in range(len(self.sizes))]
-        self.passes = [1] * len(self.sizes)
-        self.length = sum(len(q) for q in self.queues)
-        self.draws = np.random.default_rng([seed, epoch, 1 << 20]).random(self.length)
+        self._draw_rng = np.random.default_rng([seed, epoch, 1 << 20])
+        self.draws = np.empty(0)
+        self.orders = [_TaskOrder(self, t) for t in range(len(self.sizes))]
+        for order in self.orders:  # the first window of every task: exact batch counts from the start
+            order.get(0)
 
-    def _pass(self, task: int, k: int) -> list[tuple[int, ...]]:
-        rng = np.random.default_rng([self.seed, self.epoch, task, k])
-        return task_batches(
-            self.sizes[task],
+    def window_span(self, task: int, k: int) -> tuple[int, int]:
+        """``(first row, rows)`` of window ``k`` of ``task`` (0 rows: past the end)."""
+        size, window = self.sizes[task], self.windows[task]
+        if window is None:
+            assert size is not None
+            return 0, size if k == 0 else 0
+        start = k * window
+        if size is not None:
+            return start, max(0, min(window, size - start))
+        count = self.counts[task]
+        assert count is not None
+        return start, count(start, start + window)
+
+    def cut(self, task: int, k_pass: int, k: int, start: int, size: int) -> Sequence[tuple[int, ...]]:
+        """The batches of window ``k`` of pass ``k_pass`` of ``task`` (rows ``start..start+size``)."""
+        whole = self.windows[task] is None
+        rng = np.random.default_rng(
+            [self.seed, self.epoch, task, k_pass] if whole else [self.seed, self.epoch, task, k_pass, k]
+        )
+        lengths = None if self.lengths is None or self.lengths[task] is None else self.lengths[task]
+        distinct = None if self.distinct is None or self.distinct[task] is None else self.distinct[task]
+        batches = window_batches(
+            size,
             self.batch_size,
             rng,
-            lengths=None if self.lengths is None else self.lengths[task],
-            distinct=None if self.distinct is None else self.distinct[task],
+            lengths=None if lengths is None else lengths[start : start + size],
+            distinct=None if distinct is None else distinct[start : start + size],
         )
+        if start == 0:
+            return batches
+        return [tuple(start + r for r in batch) for batch in batches]
 
     def __len__(self) -> int:
-        return self.length
+        return int(sum(order.pass_batches() for order in self.orders))
+
+    def _draw(self, position: int) -> float:
+        if position >= len(self.draws):  # the same stream of numbers, drawn further
+            more = max(position + 1 - len(self.draws), len(self.draws), 1024)
+            self.draws = np.concatenate([self.draws, self._draw_rng.random(more)])
+        return float(self.draws[position])
 
     def probabilities(self, weights: Sequence[float], cursors: Sequence[int]) -> np.ndarray:
         """Probability of each task for the next batch, given the weights and the batches already taken."""
         if self.strategy != "epoch":
-            return task_probabilities(self.sizes, weights, self.strategy, alpha=self.alpha)
-        left = np.array([len(q) - c for q, c in zip(self.queues, cursors)], dtype=np.float64)
+            sizes = [1 if n is None else n for n in self.sizes]
+            return task_probabilities(sizes, weights, self.strategy, alpha=self.alpha)
+        left = np.array([o.pass_batches() - c for o, c in zip(self.orders, cursors)], dtype=np.float64)
         p = np.asarray(weights, dtype=np.float64) * np.maximum(left, 0)
         if p.sum() <= 0:  # only zero-weight tasks have batches left: take them in turn
             p = np.maximum(left, 0)
@@ -185,17 +318,13 @@ class TaskPlan:
 
     def batch(self, position: int, cursors: Sequence[int], weights: Sequence[float]) -> PlannedBatch:
         """The batch at ``position`` when task ``t`` has already given ``cursors[t]`` batches this epoch."""
-        if not 0 <= position < self.length:
-            raise IndexError(f"position {position} outside the epoch's {self.length} batches")
+        if not 0 <= position < len(self):
+            raise IndexError(f"position {position} outside the epoch's {len(self)} batches")
         p = self.probabilities(weights, cursors)
-        task = min(int(np.searchsorted(np.cumsum(p), self.draws[position], side="right")), len(p) - 1)
+        task = min(int(np.searchsorted(np.cumsum(p), self._draw(position), side="right")), len(p) - 1)
         while p[task] == 0:  # float round-off at the top end of the cumulative sum
             task -= 1
-        cursor = cursors[task]
-        while cursor >= len(self.queues[task]):  # cycling strategies: the task's next shuffled pass
-            self.queues[task] = self.queues[task] + self._pass(task, self.passes[task])
-            self.passes[task] += 1
-        return PlannedBatch(task, self.queues[task][cursor])
+        return PlannedBatch(task, self.orders[task].get(cursors[task]))
 
     def take(self, progress: dict[str, Any], weights: Sequence[float]) -> PlannedBatch:
         """The next batch for a trainer's ``progress`` (``position`` and ``cursors``), advancing both."""
@@ -229,3 +358,15 @@ def uses_in_batch_negatives(loss: Any) -> bool:
 def row_texts(columns: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
     """Per row, the texts of all its text columns (the keys that must stay distinct inside a batch)."""
     return [tuple(dict.fromkeys(texts)) for texts in zip(*columns)] if columns else []
+
+
+class TextKeys:
+    """Each row's texts (the keys that must stay distinct in a batch), read from a row source by slices
+    (``keys[start:end]``): a window's keys, never the whole corpus's unless the window is the whole task."""
+
+    def __init__(self, source: Any, columns: Sequence[str]) -> None:
+        self.source, self.columns = source, list(columns)
+
+    def __getitem__(self, span: slice) -> list[tuple[str, ...]]:
+        rows = self.source.rows(span.start or 0, span.stop)
+        return row_texts([rows[c] for c in self.columns])

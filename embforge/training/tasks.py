@@ -1,11 +1,12 @@
 """Training tasks: a data set, the loss that trains on it, a weight; and their tokenised, ready-to-batch form.
 
-:func:`prepare` tokenises a task once for a model. A prepared task offers what one micro-step needs:
+:func:`prepare` readies a task for a model. A prepared task offers what one micro-step needs:
 
-- ``inputs(rows)``: what the model forwards for those rows (texts' token ids, or tokenised pairs);
+- ``inputs(rows)``: what the model forwards for those rows (texts' token ids, or tokenised pairs), read from the
+  task's data (in memory, memory-mapped or streamed: :mod:`embforge.data.sources`) and tokenised per batch;
 - ``labels(rows)``: their labels (or None);
 - ``loss_fn(outputs, labels)``: the loss of the model's outputs for ``inputs(rows)``;
-- ``lengths``: tokens per row (for length-grouped batching).
+- ``lengths``: tokens per row, computed for the rows asked for (for length-grouped batching).
 
 So a bi-encoder (:class:`PreparedEmbeddingTask`) and a cross-encoder (:class:`PreparedCrossTask`) share one
 training loop, and :mod:`embforge.training.step` can run the forward whole or in cached mini-batches.
@@ -17,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from embforge.data.sources import RowSource
 from embforge.data.tables import DataError, Dataset
 
 
@@ -28,7 +31,7 @@ class Task:
     """One training task: a data set, the loss that trains on it, and its sampling weight."""
 
     name: str
-    data: Dataset
+    data: Dataset | RowSource
     loss: Any
     weight: float = 1.0
     prompts: dict[str, str] = field(default_factory=dict)
@@ -54,11 +57,61 @@ class Task:
             )
 
 
-class PreparedEmbeddingTask:
-    """A bi-encoder task's data tokenised once: token ids per text column and the labels as a tensor.
+class _RowBatches:
+    """A task's rows fetched by batch from its data (the last batch is kept: ``inputs`` and ``labels`` of the
+    same rows read them once), and its labels: all prepared once for an in-memory table, per batch otherwise."""
 
-    The model forwards ``inputs(rows)`` — every text column's texts of those rows, column after column — to one
-    ``(columns * rows, dim)`` tensor; :meth:`loss_fn` splits it back into columns for the loss.
+    def __init__(self, task: Task, *, with_labels: bool = True) -> None:
+        self.task = task
+        self.data = task.data
+        self._last: tuple[tuple[int, ...], dict[str, list]] | None = None
+        self.label_name = task.data.label_column if with_labels else None
+        self.all_labels: Tensor | None = None
+        if (
+            isinstance(task.data, Dataset) and self.label_name is not None
+        ):  # whole-table label preparation (a scale from the data's maximum)
+            labels = task.data.labels()
+            self.all_labels = None if labels is None else torch.as_tensor(task.loss.prepare_labels(labels))
+
+    def fetch(self, rows: Sequence[int]) -> dict[str, list]:
+        key = tuple(rows)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self.data.take(key))
+        return self._last[1]
+
+    def batch_labels(self, rows: Sequence[int]) -> Tensor | None:
+        if self.label_name is None:
+            return None
+        if self.all_labels is not None:
+            return self.all_labels[list(rows)]
+        dtype = np.float32 if self.label_name == "score" else np.int64
+        values = np.asarray(self.fetch(rows)[self.label_name], dtype=dtype)
+        return torch.as_tensor(self.task.loss.prepare_labels(values))
+
+
+class TokenLengths:
+    """Tokens per row of a prepared task, computed for the rows asked for (``lengths[start:end]``): what
+    length-grouped batching needs, a window at a time."""
+
+    def __init__(self, task: PreparedEmbeddingTask | PreparedCrossTask) -> None:
+        self.task = task
+        self._cache: tuple[tuple[int, int], list[int]] | None = None
+
+    def __getitem__(self, span: slice) -> list[int]:
+        start, stop = span.start or 0, span.stop
+        if self._cache is None or self._cache[0] != (start, stop):
+            present = self.task.rows.data.rows(start, stop)
+            rows = range(start, start + len(present[self.task.names[0]]))
+            self._cache = ((start, stop), self.task.row_lengths(rows))
+        return self._cache[1]
+
+
+class PreparedEmbeddingTask:
+    """A bi-encoder task ready to batch: its rows are fetched and tokenised per batch (``inputs(rows)``).
+
+    The model forwards ``inputs(rows)`` — every text column's token ids of those rows, column after column — to
+    one ``(columns * rows, dim)`` tensor; :meth:`loss_fn` splits it back into columns for the loss. Nothing is
+    tokenised ahead, so a corpus of any size costs no time or memory before the first step.
     """
 
     def __init__(self, task: Task, model: Any) -> None:
@@ -69,32 +122,38 @@ class PreparedEmbeddingTask:
                 "embedding loss (see embforge.losses.LOSSES)"
             )
         self.task = task
-        names = task.data.text_columns
-        self.ids = [
-            model.tokenize_ids(
-                task.data.columns[c], prefix=model.prompt_text(prompt_name=task.prompts.get(c))
-            )
-            for c in names
-        ]
-        if task.loss.repeat_single_text:
-            self.ids = self.ids * 2
-        labels = task.data.labels()
-        self.all_labels = None if labels is None else torch.as_tensor(task.loss.prepare_labels(labels))
-        self.lengths = [sum(len(col[r]) for col in self.ids) for r in range(len(task.data))]
+        self.model = model
+        self.names = task.data.text_columns
+        self.prefixes = [model.prompt_text(prompt_name=task.prompts.get(c)) for c in self.names]
+        self.copies = 2 if task.loss.repeat_single_text else 1
+        self.rows = _RowBatches(task)
+        self.lengths = TokenLengths(self)
+
+    def tokenize(self, column: int, texts: list[str]) -> list[list[int]]:
+        """Token ids of ``texts`` of text column ``column`` (its prompt prefixed)."""
+        return self.model.tokenize_ids(texts, prefix=self.prefixes[column])
+
+    def column_ids(self, rows: Sequence[int]) -> list[list[list[int]]]:
+        batch = self.rows.fetch(rows)
+        return [self.tokenize(i, batch[c]) for i, c in enumerate(self.names)] * self.copies
 
     def inputs(self, rows: Sequence[int]) -> list[list[int]]:
-        return [col[r] for col in self.ids for r in rows]
+        return [ids for column in self.column_ids(rows) for ids in column]
 
     def labels(self, rows: Sequence[int]) -> Tensor | None:
-        return None if self.all_labels is None else self.all_labels[list(rows)]
+        return self.rows.batch_labels(rows)
+
+    def row_lengths(self, rows: Sequence[int]) -> list[int]:
+        return [sum(map(len, row)) for row in zip(*self.column_ids(rows))]
 
     def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor:
         """The task's loss of the model's outputs for ``inputs(rows)`` (split into one tensor per column)."""
-        return self.task.loss(list(outputs.split(len(outputs) // len(self.ids))), labels)
+        return self.task.loss(list(outputs.split(len(outputs) // (len(self.names) * self.copies))), labels)
 
 
 class PreparedCrossTask:
-    """A cross-encoder task tokenised once: the pairs ``(first text, other text)`` of every row, and the labels.
+    """A cross-encoder task ready to batch: the pairs ``(first text, other text)`` of each batch's rows,
+    tokenised per batch, and their labels.
 
     Pointwise losses score ``(sentence1, sentence2)``; grouped losses (``listwise``) score the query with each
     candidate column (or, with a single candidate column, with every positive of the batch: ``rows²`` pairs).
@@ -111,32 +170,36 @@ class PreparedCrossTask:
         self.task = task
         self.model = model
         self.grouped = bool(task.loss.grouped)
-        columns = task.data.text_columns
-        self.first = task.data.columns[columns[0]]
-        self.others = [task.data.columns[c] for c in columns[1:]]
-        self.in_batch = self.grouped and len(self.others) == 1
-        self.ids = [model.tokenize_ids(self.first, other) for other in self.others]
-        labels = task.data.labels()
-        self.all_labels = (
-            None if labels is None or self.grouped else torch.as_tensor(task.loss.prepare_labels(labels))
-        )
-        self.lengths = [sum(len(col[r][0]) for col in self.ids) for r in range(len(task.data))]
+        self.names = task.data.text_columns
+        self.in_batch = self.grouped and len(self.names) == 2
+        self.rows = _RowBatches(task, with_labels=not self.grouped)  # listwise: the loss sees scores only
+        self.lengths = TokenLengths(self)
+
+    def pairs(self, rows: Sequence[int]) -> list[list[Any]]:
+        """Per candidate column, the tokenised pairs (first column's text, candidate) of ``rows``."""
+        batch = self.rows.fetch(rows)
+        first = batch[self.names[0]]
+        return [self.model.tokenize_ids(first, batch[c]) for c in self.names[1:]]
 
     def inputs(self, rows: Sequence[int]) -> list[Any]:
         if self.in_batch:  # every query with every positive of the batch
-            queries = [self.first[r] for r in rows]
-            positives = [self.others[0][r] for r in rows]
+            batch = self.rows.fetch(rows)
+            queries, positives = batch[self.names[0]], batch[self.names[1]]
             return self.model.tokenize_ids(
                 [q for q in queries for _ in positives], [p for _ in queries for p in positives]
             )
+        pairs = self.pairs(rows)
         if self.grouped:
-            return [col[r] for r in rows for col in self.ids]
-        return [self.ids[0][r] for r in rows]
+            return [column[i] for i in range(len(rows)) for column in pairs]
+        return pairs[0]
 
     def labels(self, rows: Sequence[int]) -> Tensor | None:
         if self.in_batch:
             return torch.arange(len(rows))
-        return None if self.all_labels is None else self.all_labels[list(rows)]
+        return self.rows.batch_labels(rows)
+
+    def row_lengths(self, rows: Sequence[int]) -> list[int]:
+        return [sum(len(pair[0]) for pair in row) for row in zip(*self.pairs(rows))]
 
     def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor:
         """The task's loss of the pair logits for ``inputs(rows)``."""
@@ -144,7 +207,7 @@ class PreparedCrossTask:
             n = round(len(outputs) ** 0.5)
             return self.task.loss(outputs[:, 0].view(n, n), labels)
         if self.grouped:
-            return self.task.loss(outputs[:, 0].view(-1, len(self.ids)), None)
+            return self.task.loss(outputs[:, 0].view(-1, len(self.names) - 1), None)
         return self.task.loss(outputs, labels)
 
 
@@ -153,6 +216,12 @@ PreparedTask = PreparedEmbeddingTask | PreparedCrossTask
 
 def prepare(task: Task, model: Any) -> PreparedTask:
     """Tokenise ``task`` once for ``model`` (a cross-encoder gets pair inputs, a bi-encoder text inputs)."""
+    from embforge.kinds import ModelKind, kind_of
+
+    if kind_of(model) == ModelKind.MULTIVECTOR:  # queries and documents tokenised apart (markers, [MASK]s)
+        from embforge.multivector.task import PreparedMultiVectorTask
+
+        return PreparedMultiVectorTask(task, model)
     if hasattr(model, "score_ids"):
         return PreparedCrossTask(task, model)
     return PreparedEmbeddingTask(task, model)

@@ -1,0 +1,405 @@
+"""Training rows from files too large for memory: a memory-mapped Arrow cache or a stream, read by position.
+
+A *row source* gives a task's rows by position (:class:`RowSource`): ``take(positions)`` and ``rows(start, end)``
+return ``{column: values}`` for those rows. Three kinds share that contract:
+
+=========== ================================================================ ===================================
+mode        what is read                                                     memory, time before the first step
+=========== ================================================================ ===================================
+``memory``  :func:`~embforge.data.tables.read_table`: the whole file, checked  O(rows)
+``mmap``    Hugging Face ``datasets`` Arrow cache, written once, memory-mapped  O(1) once the cache exists
+``stream``  a ``datasets`` ``IterableDataset``, read a window at a time        O(window)
+=========== ================================================================ ===================================
+
+Local CSV/TSV/JSONL/Parquet files and folders of them are read by embforge's own readers (header detection,
+column mapping, ``file:line:column`` errors) and checked row by row as the data is reached
+(:func:`file_rows`); a name that is not a local path is a Hugging Face Hub data set (``datasets.load_dataset``
+with ``streaming=True``: the Hub cache and ``HF_DATASETS_OFFLINE`` apply). A bad row stops the run with its
+file and line unless ``max_bad_rows`` > 0, which skips up to that many (counted, the first few printed).
+
+A stream has no random access: it is read a window of ``window`` rows at a time (the training plan shuffles
+inside each window, :mod:`embforge.training.sampling`); a position before the buffered window re-opens the
+stream. ``datasets`` is imported only when a non-memory source is opened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from embforge.data.columns import LABEL_NAMES, column_rank, is_text_column, standard_mapping
+from embforge.data.delimited import delimited_rows, header_names
+from embforge.data.tables import Dataset, _check_value, _json_target, read_table
+from embforge.files import DataError, read_lines
+
+MODES = ("memory", "mmap", "stream")
+DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet")
+LINE, FILE = "_line", "_file"  # where each row came from (kept in the Arrow cache, for error messages)
+SHOWN_BAD_ROWS = 5
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """A task's rows by position. :class:`~embforge.data.tables.Dataset` (in memory) is one."""
+
+    path: str
+
+    @property
+    def columns(self) -> Collection[str]: ...
+
+    @property
+    def text_columns(self) -> list[str]: ...
+
+    @property
+    def label_column(self) -> str | None: ...
+
+    @property
+    def num_rows(self) -> int | None:
+        """Rows in the source (``None``: a stream of unknown length)."""
+
+    def take(self, positions: Sequence[int]) -> dict[str, list]:
+        """``{column: values}`` of the rows at ``positions``, in that order."""
+
+    def rows(self, start: int, end: int) -> dict[str, list]:
+        """``{column: values}`` of rows ``start..end`` (fewer at the end of the source)."""
+
+
+class _Columns:
+    """Text and label column names from a source's ``columns`` (shared by the Arrow and stream sources)."""
+
+    columns: list[str]
+
+    @property
+    def text_columns(self) -> list[str]:
+        return sorted((c for c in self.columns if is_text_column(c)), key=column_rank)
+
+    @property
+    def label_column(self) -> str | None:
+        return next((c for c in LABEL_NAMES if c in self.columns), None)
+
+
+# ------------------------------------------------------------------------------------------------ bad rows
+@dataclass
+class BadRows:
+    """The ``--max-bad-rows`` policy: raise at the first bad row (``limit=0``) or skip up to ``limit``."""
+
+    limit: int = 0
+    count: int = 0
+
+    def skip(self, err: DataError) -> None:
+        """Count ``err``'s row as skipped, or raise it when the limit is reached."""
+        if self.count >= self.limit:
+            hint = "--max-bad-rows N skips up to N bad rows" if self.limit == 0 else "over --max-bad-rows"
+            raise DataError(f"{err} ({hint})") from None
+        self.count += 1
+        if self.count <= SHOWN_BAD_ROWS:
+            print(f"skipped bad row {self.count}: {err}", file=sys.stderr)
+
+
+def check_row(where: str, line: int, row: dict[str, object], expected: list[str] | None) -> dict[str, object]:
+    """``row`` with each value checked as :func:`~embforge.data.tables.read_table` checks it.
+
+    Labels must be integers here (class names need the whole file: read it in memory).
+    """
+    if expected is not None:
+        for name in expected:
+            if row.get(name) is None:
+                raise DataError(f"{where}:{line}: column {name!r}: missing value")
+        for name in row:
+            if name not in expected:
+                raise DataError(f"{where}:{line}: column {name!r}: not present in earlier rows")
+    checked = {name: _check_value(Path(where), line, name, value) for name, value in row.items()}
+    if isinstance(checked.get("label"), str):
+        raise DataError(
+            f"{where}:{line}: column 'label': {checked['label']!r} is a class name; a streamed or memory-mapped "
+            "file needs integer labels (or read it with --data-mode memory)"
+        )
+    return checked
+
+
+# ------------------------------------------------------------------------------------------------ file rows
+def data_files(path: str | os.PathLike) -> list[Path]:
+    """The data files of ``path``: the file itself, or a folder's data files (any depth) in name order."""
+    root = Path(path)
+    if root.is_file():
+        return [root]
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
+    if not files:
+        raise DataError(f"{root}: no data files ({', '.join(DATA_SUFFIXES)}) in this folder")
+    return files
+
+
+def file_rows(
+    files: list[str],
+    numbers: list[int],
+    columns: str | dict[str, str] | None,
+    header: bool | None,
+    max_bad_rows: int,
+    stamps: list[tuple[int, int]],
+) -> Iterator[dict[str, Any]]:
+    """Checked rows of ``files`` (``numbers``: each file's index, kept in the rows' ``_file`` column).
+
+    A ``datasets`` generator: its arguments (``stamps``: each file's size and modification time) make the
+    Arrow cache's fingerprint, so an edited file is converted again. Lists are split across shards.
+    """
+    mapping = standard_mapping(columns)
+    bad = BadRows(max_bad_rows)
+    expected: list[str] | None = None
+    for name, number in zip(files, numbers):
+        for line, row in _raw_rows(Path(name), mapping, header, bad):
+            try:
+                checked = check_row(name, line, row, expected)
+            except DataError as err:
+                bad.skip(err)
+                continue
+            expected = expected or list(checked)
+            yield {**checked, LINE: line, FILE: number}
+    if bad.count:
+        print(f"skipped {bad.count} bad row(s) in {len(files)} file(s)", file=sys.stderr)
+
+
+def _raw_rows(
+    path: Path, mapping: dict[str, str], header: bool | None, bad: BadRows
+) -> Iterator[tuple[int, dict[str, object]]]:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _jsonl_rows(path, mapping, bad)
+    if suffix == ".parquet":
+        return _parquet_rows(path, mapping)
+    return delimited_rows(path, mapping, header, "," if suffix == ".csv" else "\t", skip=bad.skip)
+
+
+def _jsonl_rows(path: Path, mapping: dict[str, str], bad: BadRows) -> Iterator[tuple[int, dict[str, object]]]:
+    for line, text in read_lines(path):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{line}:1: expected a JSON object, found {type(record).__name__}")
+        except json.JSONDecodeError as err:
+            bad.skip(DataError(f"{path}:{line}:{err.colno}: invalid JSON ({err.msg})"))
+            continue
+        except DataError as err:
+            bad.skip(err)
+            continue
+        keys = list(record)
+        row: dict[str, object] = {}
+        for i, key in enumerate(keys):
+            target = _json_target(key, i, keys, mapping)
+            if target is not None:
+                row[target] = record[key]
+            elif not mapping:
+                raise DataError(
+                    f"{path}:{line}: key {key!r} is not a column embforge knows; map it with --columns"
+                )
+        yield line, row
+
+
+def _parquet_rows(path: Path, mapping: dict[str, str]) -> Iterator[tuple[int, dict[str, object]]]:
+    from embforge._optional import require
+
+    parquet = require("pyarrow.parquet").ParquetFile(path)
+    names = header_names([str(n) for n in parquet.schema_arrow.names], mapping, f"{path}:")
+    keep = [i for i, n in enumerate(names) if n is not None]
+    line = 0
+    for batch in parquet.iter_batches(batch_size=4096, columns=[parquet.schema_arrow.names[i] for i in keep]):
+        values = [batch.column(j).to_pylist() for j in range(len(keep))]
+        for row in zip(*values):
+            line += 1
+            yield line, {str(names[i]): value for i, value in zip(keep, row)}
+
+
+def hub_rows(
+    name: str, split: str, columns: str | dict[str, str] | None, max_bad_rows: int
+) -> Iterator[dict[str, Any]]:
+    """Checked rows of a Hugging Face data set (a Hub id, or a folder ``load_dataset`` reads), streamed.
+
+    The Hub cache and ``HF_DATASETS_OFFLINE=1`` apply; the "line" of a row is its 1-based number in the split.
+    """
+    from embforge._optional import require
+
+    stream = require("datasets").load_dataset(name, split=split, streaming=True)
+    mapping = standard_mapping(columns)
+    bad = BadRows(max_bad_rows)
+    names: list[str | None] | None = None
+    expected: list[str] | None = None
+    for line, record in enumerate(stream, start=1):
+        if names is None:
+            names = header_names(list(record), mapping, f"{name}:")
+        row = {str(n): v for n, v in zip(names, record.values()) if n is not None}
+        try:
+            checked = check_row(name, line, row, expected)
+        except DataError as err:
+            bad.skip(err)
+            continue
+        expected = expected or list(checked)
+        yield {**checked, LINE: line, FILE: 0}
+
+
+# ---------------------------------------------------------------------------------------------- the sources
+class ArrowSource(_Columns):
+    """Rows of a memory-mapped ``datasets.Dataset`` (random access without reading the rest)."""
+
+    def __init__(self, table: Any, *, path: str) -> None:
+        self.table = table
+        self.path = path
+        self.columns = [c for c in table.column_names if not c.startswith("_")]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.table)
+
+    def take(self, positions: Sequence[int]) -> dict[str, list]:
+        return self.table[list(positions)]
+
+    def rows(self, start: int, end: int) -> dict[str, list]:
+        return self.table[start:end]
+
+
+class StreamSource(_Columns):
+    """Rows of an iterable (a ``datasets.IterableDataset``), buffered a window of ``window`` rows at a time.
+
+    ``take`` and ``rows`` must stay inside one window (the plan cuts batches inside windows); a window
+    before the buffered one re-reads the stream from its start.
+    """
+
+    def __init__(
+        self, stream: Iterable[dict[str, Any]], *, path: str, window: int, num_rows: int | None = None
+    ):
+        self.stream, self.path, self.window = stream, path, window
+        self._num_rows = num_rows
+        first = next(iter(stream), None)
+        if first is None:
+            raise DataError(f"{path}:1: the data has no rows")
+        self.columns = [c for c in first if not c.startswith("_")]
+        self._iter: Iterator[dict[str, Any]] | None = None
+        self._read = 0  # rows taken from self._iter
+        self._start = -1  # first position of the buffered window
+        self._buffer: dict[str, list] = {}
+        self.windows_read = 0
+
+    @property
+    def num_rows(self) -> int | None:
+        return self._num_rows
+
+    def rows(self, start: int, end: int) -> dict[str, list]:
+        base = self._load(start)
+        return {name: values[start - base : end - base] for name, values in self._buffer.items()}
+
+    def take(self, positions: Sequence[int]) -> dict[str, list]:
+        base = self._load(min(positions))
+        if max(positions) - base >= len(self._buffer[LINE]):
+            raise IndexError(f"{self.path}: positions {min(positions)}..{max(positions)} span two windows")
+        return {name: [values[p - base] for p in positions] for name, values in self._buffer.items()}
+
+    def _load(self, position: int) -> int:
+        """Buffer the window holding ``position``; returns its first position."""
+        start = position - position % self.window
+        if start == self._start:
+            return start
+        if self._iter is None or start < self._read:
+            self._iter, self._read = iter(self.stream), 0
+        skipped = sum(1 for _ in itertools.islice(self._iter, start - self._read))
+        self._read += skipped
+        records = list(itertools.islice(self._iter, self.window))
+        self._read += len(records)
+        self._buffer = {name: [r[name] for r in records] for name in (records[0] if records else {LINE: 0})}
+        self._start = start
+        self.windows_read += 1
+        if len(records) < self.window and self._num_rows is None:
+            self._num_rows = start + len(records)
+        return start
+
+
+# -------------------------------------------------------------------------------------------------- opening
+@dataclass
+class SourceOptions:
+    """How a training file or data set is read (``RunSpec`` fields ``data_mode`` ... ``data_split``)."""
+
+    mode: str = "memory"
+    columns: str | dict[str, str] | None = None
+    header: bool | None = None
+    max_bad_rows: int = 0
+    window: int = 10_000  # stream: rows buffered (and shuffled) at a time
+    cache_dir: str | None = None  # mmap: where datasets writes its Arrow cache (default: HF_DATASETS_CACHE)
+    split: str = "train"  # Hub data sets
+
+
+def open_source(name: str | os.PathLike, options: SourceOptions) -> Dataset | RowSource:
+    """The rows of ``name`` (a file, a folder of data files, or a Hub data set id) read as ``options.mode``."""
+    if options.mode not in MODES:
+        raise ValueError(f"data mode must be one of {', '.join(MODES)}, got {options.mode!r}")
+    if options.max_bad_rows < 0:
+        raise ValueError(f"max_bad_rows must be >= 0, got {options.max_bad_rows}")
+    local = Path(name).exists()
+    if options.mode == "memory":
+        if not local or Path(name).is_dir():
+            raise ValueError(f"{name}: a folder or a Hub data set is read with data mode 'mmap' or 'stream'")
+        if options.max_bad_rows:
+            raise ValueError(
+                "max_bad_rows applies to data modes 'mmap' and 'stream'; 'memory' stops at a bad row"
+            )
+        return read_table(name, columns=options.columns, header=options.header)
+    generator, kwargs, where = _generator(str(name), options, local=local)
+    datasets = _datasets()
+    if options.mode == "stream":
+        stream = datasets.IterableDataset.from_generator(generator, gen_kwargs=kwargs)
+        return StreamSource(stream, path=where, window=options.window)
+    try:
+        table = datasets.Dataset.from_generator(generator, gen_kwargs=kwargs, cache_dir=options.cache_dir)
+    except datasets.exceptions.DatasetGenerationError as err:
+        cause = err.__cause__
+        raise (cause if isinstance(cause, DataError) else err) from None
+    return ArrowSource(table, path=where)
+
+
+def _generator(
+    name: str, options: SourceOptions, *, local: bool
+) -> tuple[Callable[..., Iterator[dict[str, Any]]], dict[str, Any], str]:
+    if not local:
+        return hub_rows, {"name": name, "split": options.split, "columns": options.columns,
+                          "max_bad_rows": options.max_bad_rows}, name  # fmt: skip
+    files = data_files(name)
+    kwargs = {
+        "files": [str(f) for f in files],
+        "numbers": list(range(len(files))),
+        "columns": options.columns,
+        "header": options.header,
+        "max_bad_rows": options.max_bad_rows,
+        "stamps": [(f.stat().st_size, f.stat().st_mtime_ns) for f in files],
+    }
+    return file_rows, kwargs, str(name)
+
+
+def _datasets() -> Any:
+    from embforge._optional import require
+
+    datasets = require("datasets")
+    datasets.disable_progress_bars() if not sys.stderr.isatty() else None
+    return datasets
+
+
+def row_count(data: Dataset | RowSource) -> int | None:
+    """Rows in ``data`` (``None`` for a stream of unknown length)."""
+    return len(data) if isinstance(data, Dataset) else data.num_rows
+
+
+def plan_window(data: Dataset | RowSource, default: int | None) -> int | None:
+    """Rows per shuffle window of the training plan: a stream's own window, else ``default`` (None: the task
+    is shuffled whole)."""
+    return data.window if isinstance(data, StreamSource) else default
+
+
+def window_counter(data: Dataset | RowSource) -> Callable[[int, int], int] | None:
+    """For a source of unknown length, ``(start, end) -> rows present`` (reads that window); else None."""
+    if row_count(data) is not None:
+        return None
+    first = data.text_columns[0]
+    return lambda start, end: len(data.rows(start, end)[first])

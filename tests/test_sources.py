@@ -1,0 +1,277 @@
+"""Training from memory-mapped and streamed data (embforge/data/sources.py): the same batches and weights as the
+in-memory path, exact resume of a streamed run, disjoint rows per rank, bad rows reported where the stream
+reaches them."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from embforge.data.sources import SourceOptions, StreamSource, hub_rows, open_source, row_count
+from embforge.data.tables import DataError, Dataset
+from embforge.encoder import Encoder
+from embforge.losses import get_loss
+from embforge.training.config import TrainConfig
+from embforge.training.distributed import rank_rows
+from embforge.training.loop import train
+from embforge.training.sampling import TaskPlan, TextKeys, epoch_plan
+from embforge.training.tasks import Task, prepare
+
+pytest.importorskip("datasets")
+
+WORDS = [
+    "a",
+    "the",
+    "cat",
+    "dog",
+    "man",
+    "woman",
+    "plays",
+    "guitar",
+    "piano",
+    "car",
+    "drives",
+    "road",
+    "red",
+    "blue",
+    "sun",
+    "rain",
+    "book",
+    "reads",
+    "child",
+    "park",
+]
+
+
+def pair_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` anchor/positive rows from the tiny vocabulary, some texts repeated (distinct batches matter)."""
+    rnd = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        anchor = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(2, 6)))
+        rows.append({"anchor": anchor, "positive": anchor + " " + rnd.choice(WORDS)})
+    for i in range(0, n, 7):  # duplicates: a batch must not hold the same text twice
+        rows[i]["anchor"] = rows[0]["anchor"]
+    return rows
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    return write_jsonl(tmp_path / "pairs.jsonl", pair_rows(300))
+
+
+def sources(path, tmp_path, window):
+    memory = open_source(path, SourceOptions(mode="memory"))
+    mmap = open_source(path, SourceOptions(mode="mmap", cache_dir=str(tmp_path / "cache")))
+    stream = open_source(path, SourceOptions(mode="stream", window=window))
+    return {"memory": memory, "mmap": mmap, "stream": stream}
+
+
+def plan_batches(source, window, *, epoch=0):
+    keys = TextKeys(source, source.text_columns)
+    counts = None if row_count(source) is not None else [lambda s, e: len(source.rows(s, e)["anchor"])]
+    plan = TaskPlan(
+        [row_count(source)], 16, seed=3, epoch=epoch, distinct=[keys], windows=[window], counts=counts
+    )
+    progress = {"position": 0}
+    batches = []
+    while progress["position"] < len(plan):
+        rows = plan.take(progress, [1.0]).rows
+        batches.append((rows, source.take(rows)["anchor"]))
+    return batches
+
+
+def test_the_three_modes_plan_the_same_batches(pairs, tmp_path):
+    found = {name: plan_batches(s, 64) for name, s in sources(pairs, tmp_path, 64).items()}
+    assert found["memory"] == found["mmap"] == found["stream"]
+    rows = sorted(r for batch, _ in found["stream"] for r in batch)
+    assert rows == list(range(300))  # every row once per epoch
+    for _, texts in found["stream"]:
+        assert len(set(texts)) == len(texts)  # no text twice in a batch
+    # without a window, memory-mapped rows are shuffled whole, as in memory
+    mmap = open_source(pairs, SourceOptions(mode="mmap", cache_dir=str(tmp_path / "cache")))
+    memory = open_source(pairs, SourceOptions(mode="memory"))
+    assert plan_batches(mmap, None) == plan_batches(memory, None)
+
+
+def test_a_stream_is_read_a_window_at_a_time(pairs):
+    stream = open_source(pairs, SourceOptions(mode="stream", window=64))
+    assert isinstance(stream, StreamSource) and row_count(stream) is None
+    plan_batches(stream, 64)
+    assert stream.windows_read == 5  # 300 rows: 4 full windows and one of 44, each read once
+    assert row_count(stream) == 300  # known once the stream has ended
+
+
+def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=False):
+    options = SourceOptions(mode=mode, window=64, cache_dir=str(tmp_path / "cache"))
+    config = TrainConfig(
+        output=str(out),
+        max_steps=6,
+        batch_size=16,
+        shuffle_window=64,
+        save_every=2,
+        resume=resume,
+        quiet=True,
+    )
+
+    def on_step(step):
+        if step == stop_at:
+            raise KeyboardInterrupt
+
+    model = Encoder.load(model_dir)
+    train(model, [Task("pairs", open_source(path, options), get_loss("infonce"))], config, on_step=on_step)
+    return Encoder.load(out).state_dict()
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_streamed_and_memory_mapped_training_give_the_in_memory_weights(pairs, tmp_path, tiny_model_dir):
+    memory = train_run(pairs, tmp_path, tiny_model_dir, "memory", out=tmp_path / "memory")
+    for mode in ("mmap", "stream"):
+        assert_same(memory, train_run(pairs, tmp_path, tiny_model_dir, mode, out=tmp_path / mode))
+    start = Encoder.load(tiny_model_dir).state_dict()
+    assert any(not torch.equal(start[k], memory[k]) for k in start)  # it trained
+
+
+def test_an_interrupted_streamed_run_resumes_to_the_same_weights(pairs, tmp_path, tiny_model_dir):
+    full = train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):  # after step 5: the last checkpoint is step 4, mid second window
+        train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", stop_at=5)
+    resumed = train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", resume=True)
+    assert_same(full, resumed)
+
+
+def test_two_ranks_see_disjoint_rows_whose_union_is_the_epoch(pairs):
+    stream = open_source(pairs, SourceOptions(mode="stream", window=64))
+    seen: list[list[int]] = [[], []]
+    for batch, _ in plan_batches(stream, 64):
+        for rank in (0, 1):
+            seen[rank] += rank_rows(batch, rank=rank, world=2)
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(300))
+    assert rank_rows((5,), rank=1, world=2) == ()  # a rank past a short batch's end reads nothing
+
+
+def test_a_bad_row_deep_in_a_stream_stops_training_there_with_its_line(tmp_path, tiny_model_dir):
+    rows = pair_rows(3000)
+    rows[2500]["positive"] = "   "  # line 2501
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    config = TrainConfig(output=str(tmp_path / "out"), max_steps=400, batch_size=8, save_every=0, quiet=True)
+    steps = []
+    source = open_source(path, SourceOptions(mode="stream", window=500))
+    task = Task("pairs", source, get_loss("infonce"))
+    with pytest.raises(DataError, match=rf"{path}:2501: column 'positive': empty text"):
+        train(Encoder.load(tiny_model_dir), [task], config, on_step=steps.append)
+    assert len(steps) >= 250  # the first five windows trained before the stream reached the bad row
+
+
+def test_bad_rows_are_skipped_and_counted_up_to_the_limit(tmp_path, capsys):
+    rows = [json.dumps(r) for r in pair_rows(200)]
+    rows[120] = '{"anchor": "a cat", '  # invalid JSON on line 121
+    rows[150] = json.dumps({"anchor": "a dog", "positive": ""})  # empty text on line 151
+    path = tmp_path / "two_bad.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    stream = open_source(path, SourceOptions(mode="stream", window=1000, max_bad_rows=2))
+    assert len(stream.rows(0, 1000)["anchor"]) == 198
+    err = capsys.readouterr().err
+    assert f"{path}:121:" in err and f"{path}:151: column 'positive'" in err and "skipped 2 bad row(s)" in err
+    with pytest.raises(DataError, match=f"{path}:151: .*over --max-bad-rows"):
+        open_source(path, SourceOptions(mode="mmap", max_bad_rows=1, cache_dir=str(tmp_path / "c"))).take([0])
+
+
+def test_a_ragged_tsv_row_is_reported_with_file_and_line(tmp_path):
+    lines = [f"{r['anchor']}\t{r['positive']}" for r in pair_rows(500)]
+    lines[420] += "\textra"
+    path = tmp_path / "pairs.tsv"
+    path.write_text("anchor\tpositive\n" + "\n".join(lines) + "\n")
+    stream = open_source(path, SourceOptions(mode="stream", window=100))
+    assert len(stream.rows(0, 100)["anchor"]) == 100  # the first windows are fine
+    with pytest.raises(DataError, match=rf"{path}:422: expected 2 columns, found 3"):
+        stream.rows(400, 500)
+
+
+def test_a_folder_of_parquet_shards_trains_memory_mapped(tmp_path, tiny_model_dir):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = pair_rows(120)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(3):
+        part = rows[i * 40 : (i + 1) * 40]
+        table = pa.table({"query": [r["anchor"] for r in part], "doc": [r["positive"] for r in part]})
+        pq.write_table(table, folder / f"part-{i:03d}.parquet")
+    options = SourceOptions(mode="mmap", columns="query=anchor,doc=positive", cache_dir=str(tmp_path / "c"))
+    source = open_source(folder, options)
+    assert row_count(source) == 120 and source.take([0, 119])["anchor"] == [
+        rows[0]["anchor"],
+        rows[119]["anchor"],
+    ]
+    assert source.take([45])["_line"] == [6]  # row 6 of the second shard
+    config = TrainConfig(output=str(tmp_path / "out"), max_steps=2, batch_size=16, save_every=0, quiet=True)
+    summary = train(Encoder.load(tiny_model_dir), [Task("shards", source, get_loss("infonce"))], config)
+    assert summary["steps"] == 2
+
+
+def test_a_hugging_face_data_set_is_read_through_load_dataset_offline(tmp_path, monkeypatch):
+    """``load_dataset`` resolves a local folder the way it resolves a Hub id from its cache (never the network)."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = tmp_path / "hub_like"
+    folder.mkdir()
+    write_jsonl(
+        folder / "train.jsonl", [{"question": r["anchor"], "answer": r["positive"]} for r in pair_rows(50)]
+    )
+    mapping = "question=anchor,answer=positive"
+    got = list(hub_rows(str(folder), "train", mapping, 0))
+    assert len(got) == 50 and got[3]["_line"] == 4 and set(got[0]) == {"anchor", "positive", "_line", "_file"}
+    stream = datasets.IterableDataset.from_generator(
+        hub_rows, gen_kwargs={"name": str(folder), "split": "train", "columns": mapping, "max_bad_rows": 0}
+    )
+    source = StreamSource(stream, path=str(folder), window=20)
+    assert source.take([41, 40])["anchor"] == [got[41]["anchor"], got[40]["anchor"]]
+
+
+def test_memory_mode_still_reads_a_table_and_refuses_folders(pairs, tmp_path):
+    assert isinstance(open_source(pairs, SourceOptions()), Dataset)
+    with pytest.raises(ValueError, match="'mmap' or 'stream'"):
+        open_source(tmp_path, SourceOptions())
+    with pytest.raises(ValueError, match="max_bad_rows applies"):
+        open_source(pairs, SourceOptions(max_bad_rows=3))
+
+
+def test_windowed_plans_of_several_tasks_use_every_row_once():
+    sizes = [70, 200]
+    plan = epoch_plan(sizes, [1.0, 2.0], 8, seed=1, epoch=0, windows=[32, 50])
+    for task, size in enumerate(sizes):
+        rows = [r for b in plan if b.task == task for r in b.rows]
+        assert sorted(rows) == list(range(size))
+        window = [32, 50][task]
+        assert all(
+            len({r // window for r in b.rows}) == 1 for b in plan if b.task == task
+        )  # inside one window
+
+
+def test_prepared_task_tokenises_per_batch(pairs, tiny_encoder):
+    prepared = prepare(
+        Task("p", open_source(pairs, SourceOptions(mode="stream", window=64)), get_loss("infonce")),
+        tiny_encoder,
+    )
+    ids = prepared.inputs((3, 1))
+    rows = pair_rows(300)
+    expected = tiny_encoder.tokenize_ids(
+        [rows[3]["anchor"], rows[1]["anchor"], rows[3]["positive"], rows[1]["positive"]]
+    )
+    assert ids == expected
