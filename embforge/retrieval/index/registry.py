@@ -1,6 +1,6 @@
 """Create an index by kind and load any saved index folder (its ``index.json`` says which backend wrote it).
 
-Kinds: ``exact`` (numpy), ``flat`` / ``hnsw`` / ``ivf`` / ``ivfpq`` / ``pq`` (FAISS) and ``qdrant``. Every caller
+Kinds: ``exact`` (numpy), ``binary`` (sign-bit candidates re-scored with the float vectors), ``flat`` / ``hnsw`` / ``ivf`` / ``ivfpq`` / ``pq`` (FAISS) and ``qdrant``. Every caller
 (evaluation, mining, ``index build``, the server's document store) goes through :func:`create_index` and
 :func:`load_index`, so no caller special-cases a backend.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from embforge.retrieval.index.base import VectorIndex
 
-INDEX_KINDS = ("exact", "flat", "hnsw", "ivf", "ivfpq", "pq", "qdrant")
+INDEX_KINDS = ("exact", "flat", "hnsw", "ivf", "ivfpq", "pq", "qdrant", "binary")
 
 
 def check_kind(kind: str) -> str:
@@ -40,6 +40,13 @@ def create_index(kind: str, dim: int, *, storage: str | Path | None = None, **op
         if options:
             raise ValueError(f"the exact index takes no options, got {', '.join(options)}")
         return NumpyIndex(dim)
+    if kind == "binary":
+        from embforge.retrieval.index.binary import BinaryIndex
+
+        unknown = set(options) - {"rescore"}
+        if unknown:
+            raise ValueError(f"binary index: unknown option(s) {', '.join(sorted(unknown))}; known: rescore")
+        return BinaryIndex(dim, **options)
     if kind == "qdrant":
         from embforge.retrieval.index.qdrant import QdrantIndex
 
@@ -71,6 +78,10 @@ def load_index(path: str | Path, *, storage: str | Path | None = None) -> Vector
         from embforge.retrieval.index.exact import NumpyIndex
 
         return NumpyIndex.load(path)
+    if backend == "binary":
+        from embforge.retrieval.index.binary import BinaryIndex
+
+        return BinaryIndex.load(path)
     if backend == "faiss":
         from embforge.retrieval.index.faiss import FaissIndex
 
@@ -79,4 +90,4 @@ def load_index(path: str | Path, *, storage: str | Path | None = None) -> Vector
         from embforge.retrieval.index.qdrant import QdrantIndex
 
         return QdrantIndex.load(path, storage=storage)
-    raise ValueError(f"{meta_file}: unknown index backend {backend!r} (known: numpy, faiss, qdrant)")
+    raise ValueError(f"{meta_file}: unknown index backend {backend!r} (known: numpy, binary, faiss, qdrant)")
