@@ -222,6 +222,11 @@ def _refuse_unexported_kinds(source: Path) -> None:
             f"{source} is a sparse (SPLADE) model: embforge has no ONNX export for sparse models yet; serve it "
             "with 'embforge serve' (PyTorch), or export it with sentence-transformers' SparseEncoder(backend='onnx')"
         )
+    if kind == ModelKind.MULTIVECTOR:
+        raise ValueError(
+            f"{source} is a multi-vector (ColBERT) model: embforge has no ONNX export for it yet; serve it with "
+            "'embforge serve' (PyTorch), or export it with pylate's own tools"
+        )
     if kind == ModelKind.STATIC:
         raise ValueError(
             f"{source} is a static embedding model: there is no transformer to export (encoding is a token-table "

@@ -128,7 +128,7 @@ def write_model_card(
         "|---|---|---:|---|---|---|---:|",
         *[_task_row(t) for t in tasks_info],
         "",
-        f"{_rows(_total_rows(tasks_info))} training rows in all.",
+        f"{sum(int(t.get('rows', 0)) for t in tasks_info):,} training rows in all.",
         "",
         "## Training hyper-parameters",
         "",
@@ -160,7 +160,8 @@ def write_model_card(
 
 
 def _kind_facts(root: Path) -> dict[str, Any] | None:
-    """The facts and usage of the kinds that are not dense or cross-encoders (sparse, static), else ``None``."""
+    """The facts and usage of the kinds that are not dense or cross-encoders (sparse, static, multi-vector), else
+    ``None``."""
     from embforge.kinds import ModelKind, folder_kind
 
     kind, name = folder_kind(root), root.resolve().name
@@ -185,6 +186,23 @@ def _kind_facts(root: Path) -> dict[str, Any] | None:
             "# or: sentence_transformers.SparseEncoder(...) with the same vectors",
         ]
         return {"kind": "sparse encoder", "dim": dim, "table": table, "usage": usage}
+    if kind == ModelKind.MULTIVECTOR:
+        dense = read_json(root / "1_Dense" / "config.json")
+        table = {
+            "Model type": "multi-vector (ColBERT late interaction; pylate layout)",
+            "Output dimensionality": f"{dense.get('out_features', '?')} per token",
+            "Query / document length": f"{st.get('query_length')} ([MASK]-augmented) / {st.get('document_length')}",
+            "Similarity": "MaxSim (sum over query tokens of the best document-token dot product)",
+        }
+        usage = [
+            "from embforge.multivector import MultiVectorEncoder, maxsim, pad_matrices",
+            f'model = MultiVectorEncoder.load("{name}")',
+            'docs = model.encode_padded(["The sun is 4.6 billion years old."])[0]',
+            'scores = maxsim(model.encode_padded(["how old is the sun"], is_query=True)[0], docs)',
+            "# or: pylate.models.ColBERT(...) with the same token vectors",
+        ]
+        facts = {"kind": "multi-vector model", "dim": dense.get("out_features"), "table": table}
+        return {**facts, "usage": usage}
     if kind == ModelKind.STATIC:
         hf = read_json(root / "config.json")
         table = {
@@ -255,11 +273,6 @@ def _usage(root: Path, cross: bool) -> list[str]:
         "# or: sentence_transformers.SentenceTransformer(...).encode(...) with the same vectors",
         "```",
     ]
-
-
-def _total_rows(tasks_info: Sequence[Mapping[str, Any]]) -> int | None:
-    rows = [t.get("rows", 0) for t in tasks_info]
-    return None if None in rows else sum(int(r) for r in rows)
 
 
 def _rows(rows: int | None) -> str:
