@@ -11,7 +11,11 @@ STAMP := $(VENV)/.installed
 TORCH := 2.13.0
 LOCK := constraints.txt
 
-.PHONY: main test lint install lock clean teacher
+# a step that fails in a pipe (`embforge ... | tail -n 1`) fails the recipe
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
+.PHONY: main test lint install lock clean teacher data
 
 # every package at the exact version of $(LOCK), so a new release of ruff, transformers ... cannot break make test
 $(STAMP): pyproject.toml $(LOCK)
@@ -35,7 +39,13 @@ lock:
 	) > $(LOCK)
 	touch $(STAMP)
 
-main: $(STAMP)
+# the likeliest first mistake, a clone without ../shared beside it: one message, before anything runs
+data:
+	@test -f $(STSB)/stsb-en-train.csv || { echo "make main: no STS-B data in $(DATA) ($(STSB)/stsb-en-train.csv \
+	is missing); clone embforge beside the shared folder (../shared/data), or pass make main DATA=/path/to/data \
+	(or set EMBFORGE_DATA)" >&2; exit 1; }
+
+main: data $(STAMP)
 	@mkdir -p $(dir $(RUN))
 	@echo "== zero-shot all-MiniLM-L6-v2 on STS-B test"
 	$(EF) eval sts --model all-MiniLM-L6-v2 --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).zero-shot.json

@@ -18,10 +18,15 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "sparse (SPLADE: an MLM head, loss splade) or static (token-embedding table, e.g. from distill-static)",
     ),
     ("--eval", "eval", str, "STS file (sentence1, sentence2, score) evaluated during training; best kept"),
-    ("--loss", "loss", str, "infonce, simcse, cosent, mse, softmax, contrastive or triplet (default cosent)"),
+    ("--loss", "loss", str, "loss (default cosent; infonce for --retrieval-train and multivector models)"),
     ("--output", "output", str, "output folder (default ./output)"),
     ("--epochs", "epochs", int, "epochs (default 1)"),
-    ("--max-steps", "max_steps", int, "stop after this many optimiser steps (overrides --epochs)"),
+    (
+        "--max-steps",
+        "max_steps",
+        int,
+        "stop after this many optimiser steps (overrides --epochs; default: none)",
+    ),
     ("--batch-size", "batch_size", int, "batch size (default 32)"),
     ("--lr", "lr", float, "peak learning rate (default 5e-5)"),
     ("--warmup-ratio", "warmup_ratio", float, "fraction of steps of linear warm-up (default 0.1)"),
@@ -34,7 +39,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "cached step (GradCache): embed the batch N rows at a time, loss over the whole batch (default 0 = off)",
     ),
     ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
-    ("--amp", "amp", str, "mixed precision: auto, no, fp16, bf16 (default auto)"),
+    ("--amp", "amp", str, "mixed precision (default auto: bf16 where the CPU/GPU has it natively)"),
     ("--seed", "seed", int, "random seed (default 42; overrides every stage's seed of a pipeline file)"),
     ("--eval-every", "eval_every", int, "evaluate every N steps (default: at the end only)"),
     (
@@ -43,8 +48,13 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         int,
         "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)",
     ),
-    ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens"),
-    ("--columns", "columns", str, "column mapping, e.g. '0=sentence1,1=sentence2,2=score'"),
+    ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens (default: the model's)"),
+    (
+        "--columns",
+        "columns",
+        str,
+        "column mapping, e.g. '0=sentence1,1=sentence2,2=score' (default: the file's column names)",
+    ),
     (
         "--data-mode",
         "data_mode",
@@ -52,8 +62,18 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "memory (default), mmap (an Arrow cache written once, memory-mapped) or stream (read as training goes); "
         "--train may then be a folder of data files or a Hugging Face data set id",
     ),
-    ("--max-bad-rows", "max_bad_rows", int, "mmap/stream: skip up to N bad rows (default 0: stop at the first)"),
-    ("--shuffle-window", "shuffle_window", int, "rows shuffled together (default: a whole file; stream 10000)"),
+    (
+        "--max-bad-rows",
+        "max_bad_rows",
+        int,
+        "mmap/stream: skip up to N bad rows (default 0: stop at the first)",
+    ),
+    (
+        "--shuffle-window",
+        "shuffle_window",
+        int,
+        "rows shuffled together (default: a whole file; stream 10000)",
+    ),
     ("--data-cache", "data_cache", str, "mmap: folder for the Arrow cache (default: the datasets cache)"),
     ("--data-split", "data_split", str, "split of a Hugging Face data set id (default train)"),
     (
@@ -63,72 +83,175 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "padded tokens per attention block or padded chunk (default 16384)",
     ),
     ("--device", "device", str, "cpu, cuda, cuda:1 ... (default auto)"),
-    ("--retrieval-train", "retrieval_train", str, "BEIR or SciFact folder: train a retriever on its qrels"),
+    (
+        "--retrieval-train",
+        "retrieval_train",
+        str,
+        "BEIR or SciFact folder: train a retriever on its qrels (default: none)",
+    ),
     ("--retrieval-split", "retrieval_split", str, "qrels split to train on (default train)"),
-    ("--retrieval-eval-split", "retrieval_eval_split", str, "split evaluated (NDCG@10) during training"),
+    (
+        "--retrieval-eval-split",
+        "retrieval_eval_split",
+        str,
+        "split evaluated (NDCG@10) during training (default: none)",
+    ),
     ("--num-negatives", "num_negatives", int, "mined negatives per row, 0 = in-batch only (default 1)"),
-    ("--mine-method", "mine_method", str, "dense, bm25 or hybrid (default dense)"),
-    ("--refresh-negatives-every", "refresh_negatives_every", int, "re-mine with current model every N steps"),
+    ("--mine-method", "mine_method", str, "how negatives are mined (default dense)"),
+    (
+        "--refresh-negatives-every",
+        "refresh_negatives_every",
+        int,
+        "re-mine with the current model every N steps (default 0: never)",
+    ),
     ("--hard-ratio-start", "hard_ratio_start", float, "hard-negative ratio at the start (default 0.3)"),
     ("--hard-ratio-end", "hard_ratio_end", float, "hard-negative ratio at the end (default 0.9)"),
-    ("--lora-r", "lora_r", int, "train rank-R LoRA adapters, not all weights (embforge[peft])"),
+    (
+        "--lora-r",
+        "lora_r",
+        int,
+        "train rank-R LoRA adapters, not all weights (default 0: off; pip install -e '.[peft]')",
+    ),
     ("--lora-alpha", "lora_alpha", float, "LoRA scaling numerator (default 2 x rank)"),
     ("--lora-dropout", "lora_dropout", float, "dropout on the LoRA adapters' input (default 0)"),
     ("--lora-targets", "lora_targets", str, "modules to adapt: q_proj,v_proj ... (default all-linear)"),
 ]
 
 
+# the sections of `train --help`, in order
+GROUPS = {
+    "data": "what to train on and how it is read",
+    "model": "the model trained",
+    "loss": "what is optimised",
+    "optimisation": "steps, batch and learning rate",
+    "scale": "memory, precision, devices",
+    "evaluation": "what is measured during training (the best value keeps best/)",
+    "output": "what is written, and resuming",
+}
+_GROUP = {
+    **dict.fromkeys(["--model", "--model-type", "--max-seq-length", "--lora-r", "--lora-alpha"], "model"),
+    **dict.fromkeys(["--lora-dropout", "--lora-targets"], "model"),
+    "--loss": "loss",
+    **dict.fromkeys(["--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-ratio"], "optimisation"),
+    **dict.fromkeys(["--weight-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"),
+    **dict.fromkeys(["--mini-batch-size", "--amp", "--chunk-tokens", "--device"], "scale"),
+    **dict.fromkeys(["--eval", "--eval-every", "--retrieval-eval-split"], "evaluation"),
+    **dict.fromkeys(["--output", "--save-every"], "output"),
+}
+_METAVAR = {
+    "--model": "MODEL",
+    "--model-type": "KIND",
+    "--eval": "FILE",
+    "--loss": "NAME",
+    "--output": "DIR",
+    "--lr": "LR",
+    "--warmup-ratio": "FRACTION",
+    "--max-grad-norm": "NORM",
+    "--max-seq-length": "TOKENS",
+    "--columns": "MAPPING",
+    "--chunk-tokens": "TOKENS",
+    "--device": "DEVICE",
+    "--retrieval-train": "FOLDER",
+    "--retrieval-split": "SPLIT",
+    "--retrieval-eval-split": "SPLIT",
+    "--hard-ratio-start": "FRACTION",
+    "--hard-ratio-end": "FRACTION",
+    "--lora-r": "RANK",
+    "--lora-dropout": "P",
+    "--lora-targets": "MODULES",
+    "--data-mode": "MODE",
+    "--data-cache": "DIR",
+    "--data-split": "SPLIT",
+    "--shuffle-window": "ROWS",
+}
+_KIND_METAVAR = {int: "N", float: "X", str: "VALUE"}
+_CHOICES = {"--amp": ["auto", "no", "bf16", "fp16"], "--mine-method": ["dense", "bm25", "hybrid"]}
+_HELP = {flag: text for flag, _, _, text in _FLAGS}
+
+
+def _loss_help() -> str:
+    from embforge.losses import LOSSES
+    from embforge.losses.cross import CROSS_LOSSES
+
+    cross = ", ".join(CROSS_LOSSES)
+    return f"{_HELP['--loss']}: {', '.join(LOSSES)}; cross-encoders (--model-type cross): {cross}"
+
+
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser("train", help="fine-tune a model", description=__doc__)
-    parser.add_argument("config_file", nargs="?", help="optional TOML run file (flags override it)")
+    group = {title: parser.add_argument_group(title, text) for title, text in GROUPS.items()}
     parser.add_argument(
-        "--config", dest="config_flag", help="TOML run file (same as the positional argument)"
+        "config_file", nargs="?", metavar="RUN.toml", help="optional TOML run file (flags override it)"
     )
-    parser.add_argument("--train", action="append", help="training file (repeat for several tasks)")
-    for flag, key, kind, text in _FLAGS:
-        parser.add_argument(flag, dest=key, type=kind, default=None, help=text)
     parser.add_argument(
+        "--config",
+        dest="config_flag",
+        metavar="RUN.toml",
+        help="TOML run file (same as the positional argument)",
+    )
+    group["data"].add_argument(
+        "--train", action="append", metavar="FILE", help="training file (repeat for several tasks)"
+    )
+    for flag, key, kind, text in _FLAGS:
+        group[_GROUP.get(flag, "data")].add_argument(
+            flag,
+            dest=key,
+            type=kind,
+            default=None,
+            metavar=None if flag in _CHOICES else _METAVAR.get(flag, _KIND_METAVAR.get(kind, "VALUE")),
+            choices=_CHOICES.get(flag),
+            help=_loss_help() if flag == "--loss" else text,
+        )
+    group["loss"].add_argument(
         "--loss-option",
         action="append",
         metavar="NAME=VALUE",
         help="loss option, e.g. temperature=0.02, symmetric=true, scale=20 (repeatable)",
     )
-    parser.add_argument("--matryoshka-dims", type=int_list, default=None, help="e.g. 384,256,128,64")
-    parser.add_argument(
+    group["loss"].add_argument(
+        "--matryoshka-dims",
+        type=int_list,
+        default=None,
+        metavar="DIMS",
+        help="train every prefix of these sizes too, e.g. 384,256,128,64 (default: none)",
+    )
+    group["data"].add_argument(
         "--group-by-length",
         action="store_true",
         default=None,
-        help="batch texts of similar length together (faster, less random)",
+        help="batch texts of similar length together (faster, less random; default off)",
     )
-    parser.add_argument(
+    group["output"].add_argument(
         "--resume", action="store_true", default=None, help="continue from the last checkpoint"
     )
-    parser.add_argument(
+    group["scale"].add_argument(
         "--gradient-checkpointing",
         action="store_true",
         default=None,
-        help="recompute each layer in the backward pass: less activation memory, ~1/3 more compute",
+        help="recompute each layer in the backward pass: less activation memory, ~1/3 more compute (default off)",
     )
-    parser.add_argument(
+    group["output"].add_argument(
         "--merge-lora",
         action="store_true",
         default=None,
-        help="fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder)",
+        help="fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder; "
+        "default off)",
     )
-    parser.add_argument(
+    group["output"].add_argument(
         "--keep-training-state",
         action="store_true",
         default=None,
-        help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later",
+        help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later "
+        "(default off: removed)",
     )
-    parser.add_argument(
+    group["scale"].add_argument(
         "--gather-negatives",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="under torchrun: every process's loss is the global batch's (all-gathered embeddings: in-batch "
         "negatives from every process, the gradients of one process); default on",
     )
-    parser.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
+    group["output"].add_argument("--quiet", action="store_true", default=None, help="no progress bars")
     parser.set_defaults(func=run_train)
 
 

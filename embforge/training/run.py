@@ -8,6 +8,7 @@ builds losses and evaluators — multi-stage pipelines (:mod:`embforge.training.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,12 +231,46 @@ def with_lora(model: Any, config: TrainConfig) -> Any:
     return model
 
 
+# a training path with one of these suffixes is a file that must exist (others may be folders or data set ids)
+_TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet")
+
+
+def check_inputs(spec: RunSpec) -> None:
+    """What can be checked in milliseconds, before a model takes seconds to load: the files exist and the loss
+    is one the model type has.
+
+    Raises:
+        FileNotFoundError: a training or evaluation file, or the retrieval folder, does not exist.
+        ValueError: an unknown loss name (with the names there are).
+    """
+    for path in spec.train:
+        if Path(path).suffix.lower() in _TABLE_SUFFIXES and not Path(path).is_file():
+            raise FileNotFoundError(f"training file {path!r} does not exist")
+    if spec.eval and not Path(spec.eval).is_file():
+        raise FileNotFoundError(f"evaluation file {spec.eval!r} does not exist")
+    if spec.retrieval_train and not Path(spec.retrieval_train).is_dir():
+        raise FileNotFoundError(f"retrieval folder {spec.retrieval_train!r} does not exist")
+    name = resolved_loss(spec)
+    if spec.model_type == "cross":
+        from embforge.losses.cross import get_cross_loss
+
+        get_cross_loss(name, **spec.loss_options)  # an unknown name or option is a ValueError naming it
+    elif spec.model_type in ("bi", "dense"):
+        from embforge.losses import LOSSES
+
+        if name not in LOSSES:
+            close = difflib.get_close_matches(name, LOSSES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown loss {name!r}{hint}; choose one of {', '.join(LOSSES)}")
+
+
 def run(spec: RunSpec) -> dict[str, Any]:
     """Load the model, build tasks and the evaluator, train, and return the training summary.
 
     What is trained is printed to stderr (model, tasks with rows and loss, evaluation metric), so no default
-    is applied silently.
+    is applied silently. The inputs are checked (:func:`check_inputs`) before the model loads.
     """
+    check_inputs(spec)
     model = load_model(spec)
     tasks = build_tasks(spec, model) if spec.train or not spec.retrieval_train else []
     evaluator = make_evaluator(spec.eval, model, columns=spec.columns) if spec.eval else None
