@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import shutil
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from embforge.files import fsync_dir
+from embforge.files import atomic_dir
 from embforge.serve.database import (
     ModelMismatchError,
     SqliteRows,
@@ -247,7 +245,7 @@ class DocumentStore:
         model: dict[str, Any] | None = None,
     ) -> DocumentStore:
         """Write a new store of these documents to ``folder`` (replacing a store or index there), staged beside it
-        and swapped in when complete; what ``embforge index build`` does. Returns the store, open in ``folder``."""
+        and swapped in when complete (:func:`~embforge.files.atomic_dir`); what ``embforge index build`` does. Returns the store, open in ``folder``."""
         root = Path(folder)
         if len(ids) != len(texts) or len(ids) != len(vectors):
             raise ValueError(
@@ -258,18 +256,13 @@ class DocumentStore:
                 f"{root} is a folder with other files, not an embforge index; choose another --index"
             )
         dim = int(np.shape(vectors)[1])
-        stage = root.with_name(root.name + ".building")
-        remove(stage)
-        store = cls.open(stage, dim=dim, kind=kind, options=options, model=model, compact_bytes=None)
-        store.add([{"id": key, "text": text} for key, text in zip(ids, texts)], vectors)
-        store.close()  # merges the adds into the main index and saves it
-        old = root.with_name(root.name + ".replaced")
-        remove(old)
-        if root.exists():
-            os.replace(root, old)
-        os.replace(stage, root)
-        fsync_dir(root.parent)
-        remove(old)
+
+        def write(stage: Path) -> None:
+            store = cls.open(stage, dim=dim, kind=kind, options=options, model=model, compact_bytes=None)
+            store.add([{"id": key, "text": text} for key, text in zip(ids, texts)], vectors)
+            store.close()  # merges the adds into the main index and saves it; folds SQLite's log in
+
+        atomic_dir(root, write)
         return cls.open(root, dim=dim, model=model)
 
     # ---- reading and writing ---------------------------------------------------------------------------------
@@ -436,10 +429,3 @@ class DocumentStore:
                 self._writer.close()
             self._writer = None
             self.index.close()
-
-
-def remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

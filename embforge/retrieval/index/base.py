@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import abc
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from embforge.files import atomic_dir
 
 IDS_FILE = "ids.jsonl"
 LEGACY_IDS_FILE = "ids.txt"
@@ -50,25 +51,6 @@ def read_meta(path: str | Path) -> tuple[Path, dict]:
     """``(folder, its index.json)`` of a saved index."""
     folder = Path(path)
     return folder, json.loads((folder / META_FILE).read_text())
-
-
-def save_folder(final: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on an empty ``<final>.tmp``, fsync it, then swap it in for ``final`` (renames), so a
-    reader finds the old folder or the new one (:func:`~embforge.retrieval.index.registry.load_index` also looks
-    at ``<final>.old``, where a crash between the two renames leaves the old one)."""
-    final = Path(final)
-    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    for path in tmp.iterdir():
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class VectorIndex(abc.ABC):
@@ -131,4 +113,4 @@ class InMemoryIndex(VectorIndex):
         """Capture the index now; ``write(folder)`` writes its vectors and :func:`write_listing`'s files."""
 
     def save(self, path: str | Path) -> None:
-        save_folder(Path(path), self.snapshot())
+        atomic_dir(Path(path), self.snapshot())  # readers see the old folder or the new one

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from embforge._optional import require
+from embforge.files import write_text_atomic
 from embforge.retrieval.index.base import VectorIndex
 from embforge.retrieval.index.exact import check_queries, check_vectors
 
@@ -147,9 +148,7 @@ class QdrantIndex(VectorIndex):
                     copy.add(keys, vectors)
             finally:
                 copy.close()
-        tmp = folder / "index.json.tmp"
-        tmp.write_text(json.dumps(meta) + "\n")
-        os.replace(tmp, folder / "index.json")
+        write_text_atomic(folder / "index.json", json.dumps(meta) + "\n")
 
     def snapshot(self) -> Callable[[Path], None]:
         """A remote or on-disk collection already persists itself: the snapshot records where it is
