@@ -23,6 +23,7 @@ _EXTRAS = {
     "qdrant_client": "qdrant",
     "mteb": "mteb",
     "peft": "peft",
+    "fast_plaid.search": "plaid",
     "openvino": "openvino",
     "nncf": "openvino",
     "model2vec": "static",
