@@ -170,3 +170,156 @@ def test_sparsity_stats_count_active_dimensions():
     stats = sparsity_stats(sp.csr_matrix(np.array([[0, 1.0, 2.0, 0], [3.0, 0, 0, 0], [0, 0, 0, 0]])))
     assert stats["active_dims_mean"] == 1.0 and stats["active_dims_max"] == 2.0
     assert stats["sparsity"] == pytest.approx(0.75)
+
+
+def _pairs_file(tmp_path: Path) -> Path:
+    import json
+
+    from tests.conftest import STS_ROWS
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n" for a, b, _ in STS_ROWS))
+    return path
+
+
+def _terms(model, loss, pairs: Path) -> dict[str, float]:
+    from embforge.data.tables import read_table
+    from embforge.sparse.model import mark_queries
+
+    data = read_table(pairs)
+    model.eval()
+    loss.eval()
+    with torch.no_grad():
+        ids = [model.tokenize_ids(data.columns[c]) for c in data.text_columns]
+        loss([model(mark_queries(model, ids[0])), *(model(x) for x in ids[1:])], None)
+    return {k: float(v) for k, v in loss.terms.items()}
+
+
+@pytest.mark.parametrize("inference_free", [False, True])
+def test_a_tiny_splade_run_lowers_the_flops_term_and_the_ranking_loss(mlm_dir, tmp_path, inference_free):
+    from embforge.cli import main
+    from embforge.losses.splade import SpladeLoss
+    from embforge.sparse.model import SparseEncoder
+
+    start = SparseEncoder.load(mlm_dir, inference_free=inference_free)
+    start.save(tmp_path / "start")
+    pairs = _pairs_file(tmp_path)
+    weights = {"query_weight": 0.0 if inference_free else 0.1, "document_weight": 0.1}
+    options = [f"--loss-option={k}={v}" for k, v in weights.items()] + ["--loss-option=warmup_steps=5"]
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "--model",
+            str(tmp_path / "start"),
+            "--model-type",
+            "sparse",
+            "--loss",
+            "splade",
+            *options,
+            "--train",
+            str(pairs),
+            "--epochs",
+            "12",
+            "--batch-size",
+            "4",
+            "--lr",
+            "2e-3",
+            "--output",
+            str(out),
+            "--save-every",
+            "0",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    trained = SparseEncoder.load(out)
+    assert trained.inference_free == inference_free
+    before = _terms(SparseEncoder.load(tmp_path / "start"), SpladeLoss(**weights), pairs)
+    after = _terms(trained, SpladeLoss(**weights), pairs)
+    assert after["ranking"] < before["ranking"]
+    assert after["document_flops"] < before["document_flops"]
+    if inference_free:  # the query table trained too
+        assert not torch.equal(trained.query_weights, start.query_weights)
+
+
+def _beir(tmp_path: Path) -> Path:
+    import json
+
+    from tests.conftest import STS_ROWS
+
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    docs = [b for _, b, _ in STS_ROWS]
+    (root / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs))
+    )
+    (root / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": a}) + "\n" for i, (a, _, _) in enumerate(STS_ROWS))
+    )
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(STS_ROWS)))
+    )
+    return root
+
+
+def test_sparse_train_evaluate_save_load_in_sentence_transformers_and_serve(mlm_dir, tmp_path, capsys):
+    import json
+
+    from fastapi.testclient import TestClient
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+
+    from embforge.cli import main
+    from embforge.kinds import load_any
+    from embforge.serve.app import create_app
+
+    out = tmp_path / "run"
+    train = ["train", "--model", str(mlm_dir), "--model-type", "sparse", "--loss", "splade"]
+    train += [
+        "--train",
+        str(_pairs_file(tmp_path)),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--output",
+        str(out),
+    ]
+    assert main([*train, "--save-every", "0", "--quiet"]) == 0
+    capsys.readouterr()
+    assert (
+        main(["eval", "retrieval", "--model", str(out), "--data", str(_beir(tmp_path)), "--split", "test"])
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 <= metrics["ndcg@10"] <= 100 and 0 < metrics["document_active_dims"] <= 62
+    model = load_any(out)
+    peer = STSparseEncoder(str(out))
+    assert np.abs(model.encode_document(TEXTS).toarray() - dense(peer.encode_document(TEXTS))).max() <= 1e-5
+    card = (out / "README.md").read_text()
+    assert "sparse encoder (SPLADE)" in card and "SparseEncoder.load" in card
+
+    client = TestClient(create_app(model))
+    body = client.post("/v1/embeddings", json={"input": TEXTS[:2], "input_type": "query"}).json()
+    expected = model.encode_query(TEXTS[:2])
+    for item, row in zip(body["data"], expected):
+        assert item["embedding"]["indices"] == sorted(row.indices.tolist())
+        assert np.allclose(item["embedding"]["values"], row.toarray()[0, item["embedding"]["indices"]])
+    docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)]
+    assert client.post("/index/documents", json={"documents": docs}).json()["total"] == 5
+    hits = client.post("/search", json={"query": TEXTS[1], "top_k": 3}).json()["results"][0]["hits"]
+    scores = (model.encode_query([TEXTS[1]]) @ model.encode_document(TEXTS).T).toarray()[0]
+    assert [h["id"] for h in hits] == [f"d{i}" for i in np.argsort(-scores, kind="stable")[:3]]
+    assert client.post("/v1/embeddings", json={"input": [" "]}).status_code == 422
+
+
+def test_sparse_models_are_refused_clearly_by_export_and_merge(mlm_dir, tmp_path):
+    from embforge.export import export_onnx
+    from embforge.merge import Merger
+    from embforge.sparse.model import SparseEncoder
+
+    SparseEncoder.load(mlm_dir).save(tmp_path / "splade")
+    with pytest.raises(ValueError, match="sparse \\(SPLADE\\) model: embforge has no ONNX export"):
+        export_onnx(tmp_path / "splade", tmp_path / "onnx")
+    with pytest.raises(ValueError, match="is a sparse model: embforge merge combines dense"):
+        Merger([tmp_path / "splade", tmp_path / "splade"])

@@ -104,6 +104,18 @@ def test_static_model_trains_evaluates_saves_and_loads_in_sentence_transformers(
     assert "static embedding" in card and "StaticEncoder.load" in card
     assert json.loads((out / "config.json").read_text())["hidden_dim"] == 16
 
+    from fastapi.testclient import TestClient
+
+    from embforge.serve.app import create_app
+    from embforge.serve.runner import load_encoder
+
+    served = load_encoder(str(out))  # the server's loader reads the folder's kind
+    assert isinstance(served, StaticEncoder)
+    with TestClient(create_app(served)) as client:
+        body = client.post("/v1/embeddings", json={"input": TEXTS}).json()
+    vectors = np.array([item["embedding"] for item in body["data"]])
+    assert np.abs(vectors - trained.encode(TEXTS)).max() <= 1e-5
+
 
 def test_static_models_are_refused_clearly_by_export_and_merge(static_dir, tmp_path):
     from embforge.export import export_onnx

@@ -64,11 +64,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def load_any_model(path: str) -> Any:
-    """A :class:`CrossEncoder` for a cross-encoder folder, else an :class:`Encoder`."""
+    """A :class:`CrossEncoder` for a cross-encoder folder, else the kind the folder declares (an
+    :class:`Encoder`, a static or sparse model ...; :func:`embforge.kinds.load_any`)."""
     from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
-    from embforge.encoder import Encoder
+    from embforge.kinds import load_any
 
-    return CrossEncoder.load(path) if is_cross_encoder_folder(path) else Encoder.load(path)
+    return CrossEncoder.load(path) if is_cross_encoder_folder(path) else load_any(path)
 
 
 def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:

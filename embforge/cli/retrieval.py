@@ -137,7 +137,6 @@ def load_data(folder: str | None, split: str) -> Any:
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
-    from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import RETRIEVAL_METRICS, evaluate_retrieval
     from embforge.retrieval.index.registry import check_kind
     from embforge.retrieval.sharded import is_main, sharded
@@ -153,7 +152,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
         )
     data = load_data(args.data, split)
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
-    from embforge.kinds import ModelKind, folder_kind
+    from embforge.kinds import ModelKind, folder_kind, load_any
 
     if folder_kind(args.model) == ModelKind.MULTIVECTOR:  # ColBERT: MaxSim, --index-kind exact or plaid
         from embforge.multivector import MultiVectorEncoder
@@ -163,8 +162,14 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
         return evaluate_multivector(
             late, data, metrics=metrics, batch_size=args.batch_size, index=args.index_kind
         )
+    if folder_kind(args.model) == ModelKind.SPARSE:  # SPLADE: dot products over an inverted index
+        from embforge.sparse.evaluate import evaluate_sparse
+        from embforge.sparse.model import SparseEncoder
+
+        sparse = SparseEncoder.load(args.model, max_seq_length=args.max_seq_length)
+        return evaluate_sparse(sparse, data, metrics=metrics, batch_size=args.batch_size, show_progress=True)
     check_kind(args.index_kind)
-    model = sharded(Encoder.load(args.model, max_seq_length=args.max_seq_length))  # torchrun: shares
+    model = sharded(load_any(args.model, max_seq_length=args.max_seq_length))  # torchrun: shares
     result = evaluate_retrieval(
         model,
         data,

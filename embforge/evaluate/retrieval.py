@@ -96,6 +96,14 @@ def evaluate_retrieval(
         from embforge.multivector.evaluate import evaluate_multivector
 
         return evaluate_multivector(model, data, metrics=metrics, batch_size=batch_size, index=index)
+    from embforge.kinds import ModelKind, kind_of
+
+    if kind_of(model) == ModelKind.SPARSE:  # SPLADE: dot products over an inverted index (embforge.sparse)
+        from embforge.sparse.evaluate import evaluate_sparse
+
+        return evaluate_sparse(
+            model, data, metrics=metrics, batch_size=batch_size, show_progress=show_progress
+        )
     data = data.queries_with_qrels()
     if not data.query_ids:
         raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")

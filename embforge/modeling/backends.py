@@ -85,6 +85,15 @@ def load_embedder(
     ``openvino-int8`` (its quantiser calibrates on them; the int8 graph is cached beside the export)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    other = _other_kind(model)
+    if other is not None:  # sparse, static, multi-vector: their own PyTorch class (embforge.kinds)
+        if backend not in ("auto", "torch"):
+            raise ValueError(
+                f"{model} is a {other.value} model: it is served with backend torch, not {backend}"
+            )
+        from embforge.kinds import model_class
+
+        return model_class(other).load(model)
     if backend == "auto":
         chosen = choose_backend(calibration=calibration)
         try:
@@ -118,3 +127,14 @@ def load_embedder(
             raise ValueError("the openvino-int8 backend calibrates on texts: give --calibration FILE")
         ir = quantize_openvino_int8(export, calibration)
     return OpenVinoEncoder.load(ir, threads=threads)
+
+
+def _other_kind(model: str | os.PathLike) -> Any:
+    """The declared kind of a model folder when it is not a dense bi-encoder, else ``None``."""
+    from embforge.kinds import ModelKind, folder_kind
+
+    try:
+        kind = folder_kind(model)
+    except (FileNotFoundError, ValueError):  # an .onnx file, an export folder: dense runtimes
+        return None
+    return kind if kind not in (None, ModelKind.DENSE, ModelKind.CROSS) else None

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from embforge._optional import require
+from embforge.data.texts import is_blank
 from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
@@ -152,10 +153,18 @@ def create_app(
     cfg = config or ServeConfig()
     from embforge.kinds import ModelKind, kind_of
 
-    if not isinstance(model, Mapping) and kind_of(model) == ModelKind.MULTIVECTOR:  # token vectors, MaxSim
+    only = next(iter(model.values())) if isinstance(model, Mapping) and len(model) == 1 else model
+    if not isinstance(only, Mapping) and kind_of(only) == ModelKind.MULTIVECTOR:  # token vectors, MaxSim
         from embforge.multivector.serve import create_multivector_app
 
-        return create_multivector_app(model, name=cfg.model_name, max_inputs=cfg.max_inputs)
+        name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
+        return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
+    if (
+        not isinstance(model, Mapping) and kind_of(model) == ModelKind.SPARSE
+    ):  # {indices, values}, inverted index
+        from embforge.sparse.serve import create_sparse_app
+
+        return create_sparse_app(model, name=cfg.model_name, max_inputs=cfg.max_inputs)
     metrics = Metrics()
     embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
     rerankers: dict[str, Any] = {}
@@ -205,8 +214,9 @@ def create_app(
             raise ApiError(413, f"'{field}' has {len(texts)} items; the limit is {cfg.max_inputs}", field)
         out = []
         for i, text in enumerate(texts):
-            if not text:
-                raise ApiError(422, f"'{field}[{i}]' is an empty string", f"{field}[{i}]")
+            if is_blank(text):  # the readers' rule too (data/texts.py)
+                message = f"'{field}[{i}]' is empty (only whitespace or invisible characters)"
+                raise ApiError(422, message, f"{field}[{i}]")
             found = invalid_value(text, f"{field}[{i}]")
             if found is not None:
                 raise ApiError(422, found[1], found[0])

@@ -40,6 +40,14 @@ class QueryIds(list):  # type: ignore[type-arg]
     """A query's token ids: an inference-free model sends these through its query weight table."""
 
 
+def mark_queries(model: object, ids: list[list[int]]) -> list[list[int]]:
+    """``ids`` of a query column, marked as :class:`QueryIds` when ``model`` is an inference-free sparse model
+    (its forward sends them through the query table); unchanged for every other model."""
+    if isinstance(model, SparseEncoder) and model.inference_free:
+        return [QueryIds(x) for x in ids]
+    return ids
+
+
 def splade_pool(
     logits: Tensor, attention_mask: Tensor, *, pooling: str = "max", activation: str = "relu"
 ) -> Tensor:

@@ -109,6 +109,10 @@ class StaticEncoder(BatchEncoding, nn.Module):
         emb = self.embedding(torch.from_numpy(flat).to(self.device), offsets)
         return F.normalize(emb, p=2, dim=-1) if self.normalize else emb
 
+    def embed_ids(self, ids: Sequence[Sequence[int]], *, max_tokens: int = 4096) -> Tensor:
+        """Embed tokenised texts in the input order (``self(ids)``; the server's batched forward)."""
+        return self(ids)
+
     def gradient_checkpointing(self, enabled: bool = True) -> None:
         if enabled:
             raise ValueError("a static model has no layers to checkpoint; drop --gradient-checkpointing")

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from embforge.data.sources import RowSource
 from embforge.data.tables import DataError, Dataset
+from embforge.sparse.model import mark_queries
 
 
 @dataclass
@@ -130,8 +131,10 @@ class PreparedEmbeddingTask:
         self.lengths = TokenLengths(self)
 
     def tokenize(self, column: int, texts: list[str]) -> list[list[int]]:
-        """Token ids of ``texts`` of text column ``column`` (its prompt prefixed)."""
-        return self.model.tokenize_ids(texts, prefix=self.prefixes[column])
+        """Token ids of ``texts`` of text column ``column`` (its prompt prefixed); the first column is the query
+        column, marked for models that route queries elsewhere (inference-free SPLADE, :mod:`embforge.sparse`)."""
+        ids = self.model.tokenize_ids(texts, prefix=self.prefixes[column])
+        return mark_queries(self.model, ids) if column == 0 else ids
 
     def column_ids(self, rows: Sequence[int]) -> list[list[list[int]]]:
         batch = self.rows.fetch(rows)
