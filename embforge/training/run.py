@@ -184,13 +184,16 @@ def source_options(spec: RunSpec) -> SourceOptions:
 
 
 def resolved_loss(spec: RunSpec) -> str:
-    """The loss a run trains with: ``spec.loss``, else ``infonce`` for retrieval runs and ``cosent`` otherwise."""
+    """The loss a run trains with: ``spec.loss``, else ``splade`` for sparse models, ``infonce`` for retrieval
+    runs and multi-vector models, and ``cosent`` otherwise."""
     if spec.loss is not None:
         return spec.loss
     from embforge.kinds import ModelKind, parse_kind
 
-    multivector = parse_kind(spec.model_type) == ModelKind.MULTIVECTOR
-    return "infonce" if spec.retrieval_train or multivector else "cosent"
+    kind = parse_kind(spec.model_type)
+    if kind == ModelKind.SPARSE:
+        return "splade"
+    return "infonce" if spec.retrieval_train or kind == ModelKind.MULTIVECTOR else "cosent"
 
 
 def load_model(spec: RunSpec) -> Any:
