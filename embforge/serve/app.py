@@ -27,7 +27,6 @@ from typing import Any, Literal
 import numpy as np
 
 from embforge._optional import require
-from embforge.data.texts import is_blank
 from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
@@ -159,12 +158,6 @@ def create_app(
 
         name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
         return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
-    if (
-        not isinstance(model, Mapping) and kind_of(model) == ModelKind.SPARSE
-    ):  # {indices, values}, inverted index
-        from embforge.sparse.serve import create_sparse_app
-
-        return create_sparse_app(model, name=cfg.model_name, max_inputs=cfg.max_inputs)
     metrics = Metrics()
     embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
     rerankers: dict[str, Any] = {}
@@ -214,9 +207,8 @@ def create_app(
             raise ApiError(413, f"'{field}' has {len(texts)} items; the limit is {cfg.max_inputs}", field)
         out = []
         for i, text in enumerate(texts):
-            if is_blank(text):  # the readers' rule too (data/texts.py)
-                message = f"'{field}[{i}]' is empty (only whitespace or invisible characters)"
-                raise ApiError(422, message, f"{field}[{i}]")
+            if not text:
+                raise ApiError(422, f"'{field}[{i}]' is an empty string", f"{field}[{i}]")
             found = invalid_value(text, f"{field}[{i}]")
             if found is not None:
                 raise ApiError(422, found[1], found[0])
