@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +141,10 @@ def curate(data: Dataset, config: CurateConfig, *, show_progress: bool = False) 
         raise ValueError(
             f"{data.path}: consistency/cross-encoder filtering needs anchor, positive columns, found {columns}"
         )
-    if config.consistency:
+    skipped = _too_few_candidates(data, config, alive) if config.consistency else None
+    if skipped is not None:
+        notes["consistency_skipped"] = skipped
+    elif config.consistency:
         assert model is not None
         notes["rescued_by_cross_encoder"] = _consistency(
             data, model, cross, config, alive, drop, show_progress
@@ -271,6 +275,22 @@ def _near_by_embedding(
 def _cross_scores(cross: Any, data: Dataset, rows: list[int], config: CurateConfig) -> np.ndarray:
     pairs = [(data.columns["anchor"][r], data.columns["positive"][r]) for r in rows]
     return np.asarray(cross.predict(pairs, batch_size=config.batch_size), dtype=np.float64).reshape(-1)
+
+
+def _too_few_candidates(data: Dataset, config: CurateConfig, alive: np.ndarray) -> str | None:
+    """Why the consistency check cannot remove anything (a warning too), or ``None`` when it can: with no more
+    candidate texts than ``top_k``, every positive is in its anchor's top k."""
+    rows = np.flatnonzero(alive).tolist()
+    count = len({data.columns[c][r] for c in data.text_columns[1:] for r in rows})
+    if count > config.top_k:
+        return None
+    message = (
+        f"{data.path}: --consistency: {count} candidate texts, not more than --top-k {config.top_k}, so every "
+        f"positive is in its anchor's top {config.top_k} and no pair can be removed; the check is skipped "
+        f"(lower --top-k, e.g. --top-k {max(1, count // 10)}, to use it on this file)"
+    )
+    warnings.warn(message, UserWarning, stacklevel=3)
+    return message
 
 
 def _consistency(

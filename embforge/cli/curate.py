@@ -39,10 +39,16 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     parser.add_argument("--model", default=None, help="bi-encoder for --near embedding and --consistency")
     parser.add_argument(
-        "--consistency", action="store_true", help="keep a pair only if its positive is in top-k"
+        "--consistency",
+        action="store_true",
+        help="keep a pair only if its positive is in the anchor's top k under --model",
     )
     parser.add_argument(
-        "--top-k", type=int, default=10, help="with --consistency: the positive must rank in the top k"
+        "--top-k",
+        type=int,
+        default=10,
+        help="with --consistency: the positive must rank in the top k (default %(default)s; a file with no more "
+        "candidate texts than k is skipped with a warning)",
     )
     parser.add_argument("--cross-encoder", default=None, help="confirms pairs (rescues consistency failures)")
     parser.add_argument(

@@ -197,7 +197,30 @@ def save_backbone(module: Any, path: str | os.PathLike) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with hf_quiet():
         _save_pretrained(module, root)
+    _honour_umask(root)
     return root
+
+
+def _honour_umask(root: Path) -> None:
+    """Give the weight files the mode any new file gets (0644 under the usual umask 022): safetensors writes
+    them through a private temporary file (mode 0600), which other users and containers then cannot read."""
+    umask = _umask()
+    for weights in root.rglob("*.safetensors"):
+        if weights.stat().st_mode & 0o777 == 0o600:
+            weights.chmod(0o666 & ~umask)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask sets it to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def _save_pretrained(module: Any, root: Path) -> None:

@@ -125,7 +125,14 @@ def set_backbone_checkpointing(backbone: Any, enabled: bool) -> None:
         if enabled:
             raise ValueError(f"{type(backbone).__name__} does not support gradient checkpointing")
         return
-    if enabled:
+    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (the old names warn); older
+    # releases have only the old ones
+    if hasattr(backbone, "activation_checkpointing_enable"):
+        if enabled:
+            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif backbone.is_activation_checkpointing:
+            backbone.activation_checkpointing_disable()
+    elif enabled:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif getattr(backbone, "is_gradient_checkpointing", False):
+    elif backbone.is_gradient_checkpointing:
         backbone.gradient_checkpointing_disable()

@@ -62,7 +62,7 @@ def finalize_run(output_dir: str | os.PathLike, *, keep_training_state: bool) ->
     for leftover in [*root.glob("*.tmp"), *root.glob("*.old")]:  # interrupted saves and clean-ups
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
-    _link_identical(root / BEST, root)
+    link_identical(root / BEST, root)
     return disk_bytes(root)
 
 
@@ -121,8 +121,9 @@ def resume_finished(
     return {**summary, "nothing_to_do": True}
 
 
-def _link_identical(copy: Path, original: Path) -> None:
-    """Replace each file of ``copy`` that equals ``original``'s file of the same name by a hard link to it."""
+def link_identical(copy: Path, original: Path) -> None:
+    """Replace each file of ``copy`` that equals ``original``'s file of the same name by a hard link to it (a
+    pipeline's ``final/`` and its last stage's model, ``best/`` and the final model)."""
     if not copy.is_dir():
         return
     for path in copy.rglob("*"):

@@ -46,6 +46,7 @@ from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training import teachers
+from embforge.training.artifacts import link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import barrier, init_from_env, is_main
@@ -396,5 +397,6 @@ def run_pipeline(
         teachers.load_weights(model, loaded_from)
     if is_main():
         atomic_dir(out / "final", model.save)
+        link_identical(out / "final", stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights
     barrier()
     return {"output": str(out), "final": str(out / "final"), "stages": summaries}

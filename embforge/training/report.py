@@ -40,6 +40,15 @@ svg text { font: 11px system-ui, sans-serif; fill: #444; }
 """
 
 
+def _shown(root: Path) -> str:
+    """The run folder as a page shared with others may show it: relative to the current folder (no home folder or
+    user name in it)."""
+    try:
+        return os.path.relpath(root.resolve(), Path.cwd())
+    except ValueError:  # another drive (Windows): the folder's name only
+        return root.resolve().name
+
+
 def write_report(run_dir: str | os.PathLike, *, output: str | os.PathLike | None = None) -> dict[str, Any]:
     """Write the report of ``run_dir`` (default ``run_dir/report.html``) -> ``{"report", "charts", ...}``.
 
@@ -63,7 +72,7 @@ def write_report(run_dir: str | os.PathLike, *, output: str | os.PathLike | None
     page = (
         f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
         f"<style>{STYLE}</style></head><body><h1>{_e(title)}</h1>"
-        f"<p class='muted'>{_e(str(root.resolve()))}</p>{''.join(body)}</body></html>\n"
+        f"<p class='muted'>{_e(_shown(root))}</p>{''.join(body)}</body></html>\n"
     )
     path = Path(output) if output is not None else root / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
