@@ -35,7 +35,7 @@ def add_amp_arg(parser: argparse.ArgumentParser) -> None:
         default="no",
         choices=AMP_SETTINGS,
         help="mixed precision of the forward passes: no (fp32, default), auto, bf16, fp16; bf16 about "
-        "halves CPU encoding time on CPUs with native bf16 (embforge/precision.py)",
+        "halves CPU encoding time on CPUs with native bf16 (embforge.modeling.precision)",
     )
 
 

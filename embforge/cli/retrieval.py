@@ -1,6 +1,6 @@
 """``embforge eval retrieval``, ``embforge mine`` and ``embforge index build|search``.
 
-One vocabulary (issue #12): ``--index-kind`` is a kind (exact, flat, hnsw, ivf, ivfpq, pq, qdrant) and ``--index``
+One vocabulary: ``--index-kind`` is a kind (exact, flat, hnsw, ivf, ivfpq, pq, qdrant) and ``--index``
 a folder, in every verb. The old spellings (``--index KIND`` in ``eval retrieval`` and ``mine``, ``--kind`` in
 ``index build``) still work for this release, with a deprecation note on stderr.
 
