@@ -1,7 +1,9 @@
 """Property-based tests of the four readers (CSV, TSV, JSONL, Parquet).
 
-* Round trip: any rows (cells with quotes, delimiters, line breaks, unicode, NUL; no lone surrogates) written by
-  :func:`embforge.data.writers.write_table` read back equal.
+* Round trip: any rows (cells with quotes, delimiters, line breaks, unicode; no lone surrogates, no control
+  characters but tab and newline) written by :func:`embforge.data.writers.write_table` read back equal.
+* A NUL in a text cell is an error naming ``file:line`` and the column; another control character becomes a
+  space, counted in one warning.
 * Malformed input (random bytes, noise made of delimiters/quotes/braces, mutated valid files) either reads or
   raises :class:`DataError` whose message starts with ``file:line:`` (Parquet: ``file:``); never another type.
 
@@ -19,14 +21,16 @@ from hypothesis import strategies as st
 
 from embforge.data.columns import as_integer
 from embforge.data.tables import DataError, Dataset, read_table
+from embforge.data.texts import ControlCharacterWarning, control_character, is_blank
 from embforge.data.writers import write_table
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet")
 TRICKY = [*",\t\"'\n\r \\{}[]:#=;|\ufeff\u2028\x85\x00\x1céß中😀", "0", "1", ".", "e", "-"]
 
 _any_char = st.characters(exclude_categories=("Cs",))
+# a text must have something visible and no control character but tab/newline (data/texts.py): others are errors
 cells = st.text(alphabet=st.one_of(st.sampled_from(TRICKY), _any_char), min_size=1, max_size=30).filter(
-    lambda s: s.strip()
+    lambda s: not is_blank(s) and control_character(s) is None
 )
 class_names = cells.filter(lambda s: as_integer(s) is None)
 scores = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -80,6 +84,37 @@ def test_write_then_read_round_trips(fmt, tmp_path_factory):
         back = read_table(path)
         assert back.columns == data.columns
         assert back.label_names == data.label_names
+
+    check()
+
+
+CONTROL = st.sampled_from([c for c in map(chr, [*range(32), *range(127, 160)]) if c not in "\t\n\r"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_control_character_is_an_error_or_a_counted_space(fmt, tmp_path_factory):
+    """A NUL in a text is an error naming ``file:line`` and the column; another control character becomes a
+    space, with one warning naming the first."""
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    folder = tmp_path_factory.mktemp(f"control-{fmt}")
+
+    @FUZZ
+    @given(data=datasets(fmt), row=st.integers(0, 5), at=st.integers(0, 30), char=CONTROL)
+    def check(data, row, at, char):
+        name = data.text_columns[0]
+        row = row % len(data)
+        text = data.columns[name][row]
+        data.columns[name][row] = text[:at] + char + text[at:]
+        path = write_table(data, folder / f"rows.{fmt}")
+        place = rf"{re.escape(str(path))}:\d+: column '{name}'"
+        if char == "\x00":
+            with pytest.raises(DataError, match=rf"^{place}: control character U\+0000"):
+                read_table(path)
+            return
+        with pytest.warns(ControlCharacterWarning, match=rf"1 text\(s\) .* at {place}: U\+{ord(char):04X}"):
+            back = read_table(path)
+        assert back.columns[name][row] == text[:at] + " " + text[at:]
 
     check()
 

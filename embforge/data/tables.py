@@ -39,6 +39,7 @@ from embforge.data.columns import (
     standard_name,
 )
 from embforge.data.delimited import Row, delimited_rows, header_names
+from embforge.data.texts import ControlCharacters, is_blank
 from embforge.files import DataError, read_jsonl
 
 __all__ = [
@@ -212,6 +213,7 @@ def _validate(
     path: Path, rows: Iterator[Row], label_set: Sequence[int] | None, label_names: Sequence[str] | None
 ) -> Dataset:
     data = Dataset(str(path))
+    controls = ControlCharacters(path)  # replaced by spaces, counted, one warning (data/texts.py)
     expected: list[str] | None = None
     for line, row in rows:
         if expected is None:
@@ -223,8 +225,9 @@ def _validate(
         for name, value in row.items():
             if name not in data.columns:
                 raise DataError(f"{path}:{line}: column {name!r}: not present in earlier rows")
-            data.columns[name].append(_check_value(path, line, name, value))
+            data.columns[name].append(_check_value(path, line, name, value, controls))
         data.lines.append(line)
+    controls.warn()
     if not data.lines:
         raise DataError(f"{path}:1: the file has no data rows")
     if "label" in data.columns:
@@ -239,7 +242,9 @@ def _validate(
     return data
 
 
-def _check_value(path: Path, line: int, name: str, value: object) -> object:
+def _check_value(
+    path: Path, line: int, name: str, value: object, controls: ControlCharacters | None = None
+) -> object:
     if name == "score" and isinstance(value, list):  # one teacher score per candidate (`embforge score`)
         if not value or any(isinstance(v, list) for v in value):
             raise DataError(
@@ -266,8 +271,12 @@ def _check_value(path: Path, line: int, name: str, value: object) -> object:
         return as_integer(value)
     if not isinstance(value, str):
         raise DataError(f"{path}:{line}: column {name!r}: expected text, found {type(value).__name__}")
-    if not value.strip():
-        raise DataError(f"{path}:{line}: column {name!r}: empty text")
+    if controls is not None:
+        value = controls.clean(value, line=line, column=name)
+    if is_blank(value):
+        raise DataError(
+            f"{path}:{line}: column {name!r}: empty text (only whitespace or invisible characters)"
+        )
     return value
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from embforge._optional import require
+from embforge.data.texts import is_blank
 from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
@@ -207,8 +208,9 @@ def create_app(
             raise ApiError(413, f"'{field}' has {len(texts)} items; the limit is {cfg.max_inputs}", field)
         out = []
         for i, text in enumerate(texts):
-            if not text:
-                raise ApiError(422, f"'{field}[{i}]' is an empty string", f"{field}[{i}]")
+            if is_blank(text):  # the readers' rule too (data/texts.py)
+                message = f"'{field}[{i}]' is empty (only whitespace or invisible characters)"
+                raise ApiError(422, message, f"{field}[{i}]")
             found = invalid_value(text, f"{field}[{i}]")
             if found is not None:
                 raise ApiError(422, found[1], found[0])

@@ -150,6 +150,11 @@ class Gatekeeper:
         headers = dict(scope.get("headers") or [])
         key = self.config.api_key
         if key and scope["path"] not in OPEN_PATHS:
+            if sum(name == b"authorization" for name, _ in scope.get("headers") or []) > 1:
+                # proxies disagree on which of several they forward: the request is ambiguous
+                message = "more than one Authorization header; send one: 'Authorization: Bearer <key>'"
+                await _send_json(send, 400, error_body(message, "authorization"))
+                return
             given = headers.get(b"authorization", b"").decode("latin-1")
             token = given[7:] if given[:7].lower() == "bearer " else ""
             if not token or not hmac.compare_digest(token.encode(), key.encode()):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +123,24 @@ def serve(
             app, cfg, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout_s
         )
     )
-    with contextlib.suppress(
-        KeyboardInterrupt
-    ):  # uvicorn re-raises the SIGINT it handled (as uvicorn.run hides)
+    # uvicorn re-raises the signal it shut down for: SIGINT as a KeyboardInterrupt, SIGTERM to the default handler
+    # (exit status -15, a failure to a process manager); after a graceful drain both end here, and serve returns
+    with contextlib.suppress(KeyboardInterrupt), _sigterm_handled():
         server.run()
+
+
+@contextlib.contextmanager
+def _sigterm_handled() -> Iterator[None]:
+    """While the server runs, SIGTERM's handler outside uvicorn's own does nothing (uvicorn restores it and raises
+    the signal again after its shutdown); the previous handler afterwards."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def uvicorn_config(
