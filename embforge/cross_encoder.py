@@ -8,7 +8,6 @@ loads in ``sentence_transformers.CrossEncoder`` and a folder saved there loads h
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,13 @@ from embforge.modeling.padding import (
     token_budget_chunks,
 )
 from embforge.modeling.resolve import default_max_seq_length, resolve_model_path
+from embforge.modeling.st_folder import (
+    has_modules,
+    is_cross_encoder_folder,
+    read_st_config,
+    read_st_settings,
+    write_st_config,
+)
 from embforge.modeling.tokenizing import Tokenized
 from embforge.progress import progress_bar, progress_enabled
 
@@ -37,22 +43,6 @@ _ACTIVATIONS = {
 }
 Pair = tuple[str, str]
 PairIds = tuple[list[int], list[int] | None]  # token ids, token type ids (None for models without them)
-
-
-def is_cross_encoder_folder(path: str | os.PathLike) -> bool:
-    """Whether ``path`` (a folder or alias) holds a cross-encoder rather than a bi-encoder."""
-    try:
-        root = resolve_model_path(path)
-    except FileNotFoundError:
-        return False
-    st_config = root / "config_sentence_transformers.json"
-    if st_config.exists() and json.loads(st_config.read_text()).get("model_type") == "CrossEncoder":
-        return True
-    config = root / "config.json"
-    if (root / "modules.json").exists() or not config.exists():
-        return False
-    architectures = json.loads(config.read_text()).get("architectures") or []
-    return any(a.endswith("ForSequenceClassification") for a in architectures)
 
 
 class CrossEncoder(Tokenized, TransformerModule):
@@ -267,21 +257,17 @@ class CrossEncoder(Tokenized, TransformerModule):
         from transformers.utils import logging as hf_logging
 
         root = resolve_model_path(path)
-        saved: dict[str, Any] = {}
-        st_config = root / "config_sentence_transformers.json"
-        if st_config.exists():
-            saved = json.loads(st_config.read_text())
+        saved: dict[str, Any] = read_st_config(root)
+        cross = is_cross_encoder_folder(root)
         source = root
-        if not is_cross_encoder_folder(root) and (root / "modules.json").exists():
-            from embforge.encoder import read_st_settings
-
+        if not cross and has_modules(root):  # a bi-encoder folder: its backbone, a new head
             settings = read_st_settings(root)
             source = root / settings["transformer_path"]
             saved.setdefault("max_seq_length", settings.get("max_seq_length"))
         kwargs: dict[str, Any] = {}
         if num_labels is not None:
             kwargs["num_labels"] = num_labels
-        elif not is_cross_encoder_folder(root):
+        elif not cross:
             kwargs["num_labels"] = 1
         tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
         was_enabled = hf_logging.is_progress_bar_enabled()
@@ -303,7 +289,7 @@ class CrossEncoder(Tokenized, TransformerModule):
             activation = next((k for k, v in _ACTIVATIONS.items() if v == saved_fn), None)
         if max_seq_length is None:
             max_seq_length = saved.get("max_seq_length") or default_max_seq_length(tokenizer)
-        if has_adapter(root) and is_cross_encoder_folder(root):  # LoRA: base + adapter/ (modeling/lora.py)
+        if has_adapter(root) and cross:  # LoRA: base + adapter/ (modeling/lora.py)
             model = load_adapter(model, root)
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
         ce.name_or_path = str(path)  # as loaded: alias, Hub id or folder
@@ -313,8 +299,6 @@ class CrossEncoder(Tokenized, TransformerModule):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write safetensors weights, tokenizer and sentence-transformers' cross-encoder config to ``path``."""
-        from embforge.encoder import _version
-
         self.model.config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}
         root = save_backbone(self.model, path)  # with adapters: base weights + adapter/ (modeling/lora.py)
         self.tokenizer.model_max_length = (
@@ -328,6 +312,5 @@ class CrossEncoder(Tokenized, TransformerModule):
             "prompts": {},
             "default_prompt_name": None,
             **adapter_note(self.model),
-            "__version__": {"embforge": _version()},
         }
-        (root / "config_sentence_transformers.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_st_config(root, config)

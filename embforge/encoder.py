@@ -6,11 +6,9 @@ The on-disk layout is sentence-transformers' (``modules.json``, ``1_Pooling/``, 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
@@ -27,17 +25,26 @@ from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
 from embforge.modeling.padding import in_length_chunks, pad_ids
-from embforge.modeling.pooling import POOLING_MODES, mode_from_st_config, pool, st_config_for_mode
+from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
 from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path
+from embforge.modeling.st_folder import (
+    MODULES_FILE,
+    POOLING_DIR,
+    ST_NORMALIZE,
+    ST_POOLING,
+    ST_TRANSFORMER,
+    TRANSFORMER_CONFIG_FILES,
+    has_modules,
+    read_st_settings,
+    write_json,
+    write_st_config,
+)
+from embforge.modeling.st_folder import embforge_version as _version  # noqa: F401 (imported from here)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from embforge.modeling.onnx_runtime import OnnxEncoder
-
-ST_TRANSFORMER = "sentence_transformers.models.Transformer"
-ST_POOLING = "sentence_transformers.models.Pooling"
-ST_NORMALIZE = "sentence_transformers.models.Normalize"
 
 
 class LoadOptions(TypedDict, total=False):
@@ -228,7 +235,7 @@ class Encoder(BatchEncoding, TransformerModule):
         backbone, tokenizer = load_backbone(root / settings.pop("transformer_path"))
         if has_adapter(root):  # LoRA: base weights in the folder, the adapter in adapter/ (modeling/lora.py)
             backbone = load_adapter(backbone, root)
-        if not (root / "modules.json").exists() and is_decoder_backbone(backbone):
+        if not has_modules(root) and is_decoder_backbone(backbone):
             settings["pooling"] = "lasttoken"  # a plain HF decoder folder: its last token sees the whole text
         if pooling is not None:
             settings["pooling"] = pooling
@@ -250,7 +257,7 @@ class Encoder(BatchEncoding, TransformerModule):
         self.tokenizer.save_pretrained(root)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST_POOLING},
+            {"idx": 1, "name": "1", "path": POOLING_DIR, "type": ST_POOLING},
         ]
         if self.dense is not None:
             modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": ST_DENSE})
@@ -259,25 +266,24 @@ class Encoder(BatchEncoding, TransformerModule):
             n = len(modules)
             modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize", "type": ST_NORMALIZE})
             (root / f"{n}_Normalize").mkdir(exist_ok=True)
-        _write_json(root / "modules.json", modules)
-        _write_json(
-            root / "sentence_bert_config.json",
+        write_json(root / MODULES_FILE, modules)
+        write_json(
+            root / TRANSFORMER_CONFIG_FILES[0],
             {"max_seq_length": self.max_seq_length, "do_lower_case": False},
         )
-        (root / "1_Pooling").mkdir(exist_ok=True)
-        _write_json(
-            root / "1_Pooling" / "config.json",
+        (root / POOLING_DIR).mkdir(exist_ok=True)
+        write_json(
+            root / POOLING_DIR / "config.json",
             st_config_for_mode(self.pooling, self.backbone.config.hidden_size),
         )
-        _write_json(
-            root / "config_sentence_transformers.json",
+        write_st_config(
+            root,
             {
                 "model_type": "SentenceTransformer",
                 "prompts": self.prompts,
                 "default_prompt_name": self.default_prompt_name,
                 "similarity_fn_name": "cosine",
                 **adapter_note(self.backbone),
-                "__version__": {"embforge": _version()},
             },
         )
 
@@ -291,59 +297,3 @@ def _inference(model: nn.Module) -> Iterator[None]:
             yield
     finally:
         model.train(was_training)
-
-
-def _inside(root: Path, relative: str, source: Path) -> Path:
-    """``root / relative``, refused when it resolves outside ``root`` (an absolute path or ``..`` in a
-    ``modules.json`` of a downloaded model must not read files elsewhere on the machine)."""
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise ValueError(f"{source}: module path {relative!r} points outside the model folder {root}")
-    return path
-
-
-def read_st_settings(root: Path) -> dict:
-    """Read pooling, normalisation, max length and prompts from a sentence-transformers folder.
-
-    A folder without ``modules.json`` is a plain HF encoder: mean pooling, no normalisation.
-    """
-    settings: dict = {"transformer_path": "", "pooling": "mean", "normalize": False, "max_seq_length": None}
-    modules_file = root / "modules.json"
-    if not modules_file.exists():
-        return settings
-    for module in json.loads(modules_file.read_text()):
-        kind = module["type"].rsplit(".", 1)[-1]
-        sub = _inside(root, module.get("path", ""), modules_file)
-        if kind == "Transformer":
-            settings["transformer_path"] = module.get("path", "")
-            for name in ("sentence_bert_config.json", "config_sentence_transformers_transformer.json"):
-                if (sub / name).exists():
-                    settings["max_seq_length"] = json.loads((sub / name).read_text()).get("max_seq_length")
-                    break
-        elif kind == "Pooling":
-            settings["pooling"] = mode_from_st_config(json.loads((sub / "config.json").read_text()))
-        elif kind == "Normalize":
-            settings["normalize"] = True
-        elif kind == "Dense" and "dense" not in settings and not settings["normalize"]:
-            settings["dense"] = Dense.load(sub)
-        else:
-            raise ValueError(
-                f"{modules_file}: module type {module['type']!r} is not supported by embforge "
-                "(supported: Transformer, Pooling, one Dense before Normalize, Normalize)"
-            )
-    st_config = root / "config_sentence_transformers.json"
-    if st_config.exists():
-        config = json.loads(st_config.read_text())
-        settings["prompts"] = config.get("prompts") or {}
-        settings["default_prompt_name"] = config.get("default_prompt_name")
-    return settings
-
-
-def _write_json(path: Path, obj: object) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
-def _version() -> str:
-    from embforge import __version__
-
-    return __version__

@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -48,9 +47,10 @@ import torch
 from torch import Tensor
 
 from embforge.encoder import Encoder
+from embforge.modeling.resolve import resolve_model_path
+from embforge.modeling.st_folder import ST_CONFIG_FILE, read_st_config, write_json
 
 METHODS = ("linear", "task_arithmetic", "ties")
-ST_CONFIG = "config_sentence_transformers.json"
 # keys of config_sentence_transformers.json that change what a model outputs (carried over, must agree)
 _ST_KEYS = ("prompts", "default_prompt_name", "similarity_fn_name", "truncate_dim", "matryoshka_dims")
 
@@ -75,12 +75,7 @@ def model_settings(model: Encoder, folder: str | os.PathLike | None = None) -> d
 
 
 def _st_config(folder: str | os.PathLike | None) -> dict[str, Any]:
-    if folder is None:
-        return {}
-    from embforge.modeling.resolve import resolve_model_path
-
-    path = resolve_model_path(folder) / ST_CONFIG
-    return json.loads(path.read_text()) if path.exists() else {}
+    return {} if folder is None else read_st_config(resolve_model_path(folder))
 
 
 def check_compatible(settings: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
@@ -271,12 +266,11 @@ class Merger:
         """Save the current merge; carried-over sentence-transformers settings and the recipe go in its config."""
         out = Path(path)
         self.model.save(out)
-        config_path = out / ST_CONFIG
-        config = json.loads(config_path.read_text())
+        config = read_st_config(out)
         config.update({k: self.settings[k] for k in _ST_KEYS if self.settings.get(k) is not None})
         if recipe is not None:
             config["embforge_merge"] = recipe
-        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        write_json(out / ST_CONFIG_FILE, config)
         return out
 
 
