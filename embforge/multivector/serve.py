@@ -140,10 +140,10 @@ def create_multivector_app(
         position = {d: i for i, d in enumerate(corpus.ids)}
         results = []
         for query, row, found in zip(queries, scores, ids):
-            hits = [{"id": d, "score": float(s)} for d, s in zip(found, row)]
+            hits: list[dict[str, Any]] = [{"id": d, "score": float(s)} for d, s in zip(found, row)]
             if body.return_text:
-                for hit in hits:
-                    hit["text"] = corpus.texts[position[hit["id"]]]
+                for hit, doc in zip(hits, found):
+                    hit["text"] = corpus.texts[position[doc]]
             results.append({"query": query, "hits": hits})
         return {"model": name, "results": results}
 

@@ -1,0 +1,212 @@
+"""Multi-vector (ColBERT) models: token matrices, masks, MaxSim, losses, training (plain, cached), save/load, eval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embforge.data.retrieval import RetrievalData
+from embforge.data.tables import read_table
+from embforge.kinds import ModelKind, folder_kind, kind_of
+from embforge.losses.late import MaxSimInfoNCELoss, MaxSimKLDistillLoss, MaxSimMarginMSELoss
+from embforge.multivector import MultiVectorEncoder, maxsim, maxsim_pairwise
+from embforge.multivector.evaluate import evaluate_multivector, multivector_run, recall_against
+from embforge.multivector.scoring import maxsim_topk
+from embforge.training.config import TrainConfig
+from embforge.training.loop import train
+from embforge.training.step import cached_step
+from embforge.training.tasks import Task, prepare
+
+QUERIES = ["a cat plays", "the dog runs in the park", "oil price falls"]
+DOCS = ["a cat plays the piano.", "a dog runs, kicks a ball!", "the stock market rises", "oil price falls"]
+
+
+@pytest.fixture
+def colbert(tiny_model_dir: Path) -> MultiVectorEncoder:
+    torch.manual_seed(0)
+    model = MultiVectorEncoder.load(tiny_model_dir, dim=16)
+    model.settings.query_length, model.settings.document_length = 8, 24
+    return model
+
+
+def reference_maxsim(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """MaxSim written as loops, the definition."""
+    out = torch.zeros(len(q), len(d))
+    for a in range(len(q)):
+        for b in range(len(d)):
+            out[a, b] = sum(max(float(qi @ dj) for dj in d[b]) for qi in q[a])
+    return out
+
+
+def test_maxsim_equals_its_definition_and_pairwise_its_diagonal() -> None:
+    torch.manual_seed(1)
+    q, d = torch.randn(3, 5, 4), torch.randn(4, 7, 4)
+    assert torch.allclose(maxsim(q, d), reference_maxsim(q, d), atol=1e-5)
+    assert torch.allclose(maxsim_pairwise(q, d[:3]), torch.diagonal(maxsim(q, d[:3])), atol=1e-5)
+    scores, ids = maxsim_topk(q, d, 2, budget=50)  # several blocks
+    best = reference_maxsim(q, d).topk(2, 1)
+    assert torch.equal(ids, best.indices) and torch.allclose(scores, best.values, atol=1e-5)
+
+
+def test_token_matrices_mask_punctuation_padding_and_keep_query_expansion(
+    colbert: MultiVectorEncoder,
+) -> None:
+    q_ids = colbert.tokenize_ids(["a cat plays ."], is_query=True)
+    d_ids = colbert.tokenize_ids(["a dog , runs !"], is_query=False)
+    assert q_ids[0][1] == colbert.query_prefix_id and len(q_ids[0]) == 8
+    assert q_ids[0][-1] == colbert.tokenizer.mask_token_id
+    assert d_ids[0][1] == colbert.document_prefix_id
+    colbert.eval()
+    out = colbert(q_ids + d_ids)
+    assert out.shape == (2, colbert.token_width, 16)
+    kept = out.abs().sum(-1) > 0
+    assert kept[0].sum() == 8  # every query token, the "." and the [MASK]s too
+    assert kept[1].sum() == len(d_ids[0]) - 2  # the document's "," and "!" are masked
+    assert torch.allclose(out[kept].norm(dim=-1), torch.ones(int(kept.sum())), atol=1e-5)
+    # expansion tokens are not attended to: the real tokens' vectors equal those of the unpadded query
+    colbert.settings.do_query_expansion = False
+    short = colbert(colbert.tokenize_ids(["a cat plays ."], is_query=True))
+    colbert.settings.do_query_expansion = True
+    assert torch.allclose(short[0, :6], out[0, :6], atol=1e-5)
+
+
+def test_forward_is_batched_and_order_independent(colbert: MultiVectorEncoder) -> None:
+    colbert.eval()
+    ids = colbert.tokenize_ids(DOCS, is_query=False)
+    whole = colbert(ids, max_tokens=64)
+    one_by_one = torch.cat([colbert([i]) for i in ids])
+    assert torch.allclose(whole, one_by_one, atol=1e-5)
+    encoded = colbert.encode(DOCS)
+    assert [len(m) for m in encoded] == (whole.abs().sum(-1) > 0).sum(1).tolist()
+
+
+def test_losses_on_maxsim() -> None:
+    torch.manual_seed(2)
+    q, p, n = (torch.nn.functional.normalize(torch.randn(4, 6, 8), dim=-1) for _ in range(3))
+    scores = maxsim(q, torch.cat([p, n]))
+    expected = torch.nn.functional.cross_entropy(scores / 0.5, torch.arange(4))
+    assert torch.allclose(MaxSimInfoNCELoss(temperature=0.5)([q, p, n]), expected)
+    teacher = torch.tensor([[3.0, 1.0]] * 4)
+    margins = maxsim_pairwise(q, p) - maxsim_pairwise(q, n)
+    expected_mse = ((margins - 2.0) ** 2).mean()
+    assert torch.allclose(MaxSimMarginMSELoss()([q, p, n], teacher), expected_mse)
+    kl = MaxSimKLDistillLoss()([q, p, n], teacher)
+    student = torch.stack([maxsim_pairwise(q, p), maxsim_pairwise(q, n)], 1).log_softmax(-1)
+    expected_kl = torch.nn.functional.kl_div(student, teacher.softmax(-1), reduction="batchmean")
+    assert torch.allclose(kl, expected_kl)
+
+
+def _pairs(tmp_path: Path) -> Path:
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"anchor": q, "positive": d} for q, d in zip(QUERIES, DOCS)]
+    rows += [{"anchor": "a woman sings", "positive": "a woman sings a song"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_cached_step_equals_the_plain_step(colbert: MultiVectorEncoder, tmp_path: Path) -> None:
+    task = prepare(Task("pairs", read_table(_pairs(tmp_path)), MaxSimInfoNCELoss()), colbert)
+    rows = list(range(4))
+    colbert.train()
+
+    def grads(cached: bool) -> tuple[float, list[torch.Tensor]]:
+        colbert.zero_grad()
+        if cached:
+            loss = cached_step(
+                colbert,
+                task,
+                rows,
+                mini_batch_size=3,
+                max_tokens=64,
+                dropout_seed=7,
+                backward=lambda x: x.backward(),
+            )
+        else:
+            loss = task.loss_fn(colbert(task.inputs(rows), max_tokens=64, dropout_seed=7), task.labels(rows))
+            loss.backward()
+        return float(loss.detach()), [p.grad.clone() for p in colbert.parameters() if p.grad is not None]
+
+    # the padded path seeds dropout per length chunk, and chunks are cut per mini-batch: compare without dropout
+    colbert.backbone.config.hidden_dropout_prob = 0.0
+    for module in colbert.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    plain_loss, plain = grads(False)
+    cached_loss, cached = grads(True)
+    assert abs(plain_loss - cached_loss) < 1e-5
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, cached))
+
+
+def test_train_save_load_and_evaluate(colbert: MultiVectorEncoder, tmp_path: Path) -> None:
+    data = RetrievalData(
+        doc_ids=[f"d{i}" for i in range(len(DOCS))],
+        doc_texts=DOCS,
+        query_ids=[f"q{i}" for i in range(len(QUERIES))],
+        query_texts=QUERIES,
+        qrels={f"q{i}": {f"d{i}": 1} for i in range(len(QUERIES))},
+    )
+    before = evaluate_multivector(colbert, data)
+    task = Task("pairs", read_table(_pairs(tmp_path)), MaxSimInfoNCELoss(temperature=0.1))
+    config = TrainConfig(
+        output=str(tmp_path / "out"), max_steps=25, batch_size=4, lr=1e-3, quiet=True, mini_batch_size=2
+    )
+    summary = train(colbert, [task], config)
+    assert summary["steps"] == 25
+    after = evaluate_multivector(colbert, data)
+    assert after["mrr@10"] >= before["mrr@10"]
+    assert folder_kind(tmp_path / "out") == ModelKind.MULTIVECTOR
+    loaded = MultiVectorEncoder.load(tmp_path / "out")
+    assert kind_of(loaded) == ModelKind.MULTIVECTOR
+    assert loaded.settings == colbert.settings
+    for a, b in zip(colbert.encode(DOCS), loaded.encode(DOCS)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    exact = multivector_run(loaded, data, depth=3)
+    reranked = multivector_run(loaded, data, candidates={q: dict.fromkeys(exact[q], 0.0) for q in exact})
+    assert recall_against(exact, reranked, k=3) == 1.0
+
+
+def test_server_returns_token_vectors_and_searches_by_maxsim(colbert: MultiVectorEncoder) -> None:
+    from fastapi.testclient import TestClient
+
+    from embforge.serve.app import create_app
+
+    client = TestClient(create_app({"colbert": colbert}))  # how `embforge serve --model DIR` builds it
+    assert client.get("/v1/models").json()["data"][0] == {
+        "id": "colbert",
+        "object": "model",
+        "owned_by": "embforge",
+        "kind": "multivector",
+        "dim": 16,
+    }
+    got = client.post("/v1/embeddings", json={"input": DOCS[:2]}).json()["data"]
+    for item, matrix in zip(got, colbert.encode(DOCS[:2])):
+        np.testing.assert_allclose(np.array(item["embedding"]), matrix, atol=1e-6)
+    query = client.post("/v1/embeddings", json={"input": "a cat", "input_type": "query"}).json()["data"][0]
+    assert len(query["embedding"]) == colbert.settings.query_length
+    docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)]
+    assert client.post("/index/documents", json={"documents": docs}).json()["total"] == 4
+    assert client.post("/index/documents", json={"documents": docs[:1]}).status_code == 409
+    hits = client.post("/search", json={"query": QUERIES, "top_k": 2}).json()["results"]
+    query_matrix = torch.from_numpy(colbert.encode(QUERIES[:1], is_query=True)[0])[None]
+    scores = maxsim(query_matrix, colbert.encode_padded(DOCS)[0])
+    assert hits[0]["hits"][0]["id"] == f"d{int(scores[0].argmax())}"
+    assert abs(hits[0]["hits"][0]["score"] - float(scores[0].max())) < 1e-4
+    assert client.post("/search", json={"query": [""]}).status_code == 422
+
+
+def test_model_card_export_and_merge_know_the_kind(colbert: MultiVectorEncoder, tmp_path: Path) -> None:
+    from embforge.export import export_onnx
+    from embforge.merge import Merger
+    from embforge.training.model_card import write_model_card
+
+    colbert.save(tmp_path / "colbert")
+    card = write_model_card(tmp_path / "colbert", base_model="tiny", tasks_info=[], config=TrainConfig())
+    assert "multi-vector (ColBERT" in card.read_text() and "MultiVectorEncoder.load" in card.read_text()
+    with pytest.raises(ValueError, match="multi-vector \\(ColBERT\\) model: embforge has no ONNX export"):
+        export_onnx(tmp_path / "colbert", tmp_path / "onnx")
+    with pytest.raises(ValueError, match="is a multivector model: embforge merge combines dense"):
+        Merger([tmp_path / "colbert", tmp_path / "colbert"])
