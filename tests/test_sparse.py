@@ -323,3 +323,16 @@ def test_sparse_models_are_refused_clearly_by_export_and_merge(mlm_dir, tmp_path
         export_onnx(tmp_path / "splade", tmp_path / "onnx")
     with pytest.raises(ValueError, match="is a sparse model: embforge merge combines dense"):
         Merger([tmp_path / "splade", tmp_path / "splade"])
+
+
+def test_encode_cli_refuses_a_sparse_model_clearly(mlm_dir, tmp_path, capsys):
+    from embforge.cli import main
+    from embforge.sparse.model import SparseEncoder
+
+    SparseEncoder.load(mlm_dir).save(tmp_path / "splade")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a cat\n")
+    assert (
+        main(["encode", "--model", str(tmp_path / "splade"), "--input", str(texts), "--output", "x.npy"]) == 2
+    )
+    assert "is a sparse model; embforge encode writes one dense vector" in capsys.readouterr().err

@@ -125,3 +125,17 @@ def test_static_models_are_refused_clearly_by_export_and_merge(static_dir, tmp_p
         export_onnx(static_dir, tmp_path / "onnx")
     with pytest.raises(ValueError, match="is a static model: embforge merge combines dense"):
         Merger([static_dir, static_dir])
+
+
+def test_encode_cli_writes_a_static_models_vectors(static_dir, tmp_path):
+    from embforge.cli import main
+    from embforge.static.model import StaticEncoder
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(t + "\n" for t in TEXTS))
+    out = tmp_path / "vectors.npy"
+    assert (
+        main(["encode", "--model", str(static_dir), "--input", str(texts), "--output", str(out), "--quiet"])
+        == 0
+    )
+    assert np.abs(np.load(out) - StaticEncoder.load(static_dir).encode(TEXTS)).max() <= 1e-6

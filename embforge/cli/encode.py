@@ -47,11 +47,17 @@ def read_texts(path: str, columns: str | None) -> list[str]:
 def run_encode(args: argparse.Namespace) -> dict[str, Any] | None:
     import numpy as np
 
-    from embforge.encoder import Encoder
+    from embforge.kinds import ModelKind, folder_kind, load_any
     from embforge.retrieval.sharded import is_main, sharded
 
+    kind = folder_kind(args.model)
+    if kind in (ModelKind.SPARSE, ModelKind.MULTIVECTOR):
+        raise ValueError(
+            f"{args.model} is a {kind.value} model; embforge encode writes one dense vector per text (.npy). "
+            "Encode it in Python (encode_document / encode_query) or through 'embforge serve'"
+        )
     texts = read_texts(args.input, args.columns)
-    model = sharded(Encoder.load(args.model))  # torchrun: each process encodes a share (retrieval/sharded.py)
+    model = sharded(load_any(args.model))  # torchrun: each process encodes a share (retrieval/sharded.py)
     emb = model.encode(
         texts,
         batch_size=args.batch_size,
