@@ -176,6 +176,7 @@ def searcher(port: int, ledger: Ledger, stop: threading.Event, rng: random.Rando
 def check(folder: Path, dim: int, ledger: Ledger) -> dict[str, int]:
     from embforge.serve.store import DocumentStore
 
+    save_cut = (folder / "index.tmp").exists()  # the kill landed inside a save of the vector index
     store = DocumentStore.open(folder, dim=dim, read_only=True)  # raises if the folder cannot be opened
     stored = set(store.docs)
     sent_ids = {i for ids in ledger.sent.values() for i in ids}
@@ -194,6 +195,7 @@ def check(folder: Path, dim: int, ledger: Ledger) -> dict[str, int]:
         "unknown": len(unknown),
         "wrong_text": len(wrong_text),
         "index_mismatch": int(index_mismatch),
+        "index_save_cut": int(save_cut),
         "unacked_present": len(stored - ledger.acked),
     }
 
@@ -228,7 +230,9 @@ def main() -> None:
     assert zygote.stdin is not None and zygote.stdout is not None
     assert zygote.stdout.readline().strip() == "ready"
     ledger = Ledger()
-    totals = {"opened": 0, "lost": 0, "half_present": 0, "unknown": 0, "wrong_text": 0, "index_mismatch": 0}
+    totals = dict.fromkeys(
+        ("opened", "lost", "half_present", "unknown", "wrong_text", "index_mismatch", "index_save_cut"), 0
+    )
     started = time.perf_counter()
     dim = None
     try:
@@ -273,7 +277,7 @@ def main() -> None:
             result = check(folder, dim, ledger)
             result["start_s"], result["check_s"] = round(ready_s, 2), round(time.perf_counter() - t0, 2)
             totals["opened"] += 1
-            for key in ("lost", "half_present", "unknown", "wrong_text", "index_mismatch"):
+            for key in ("lost", "half_present", "unknown", "wrong_text", "index_mismatch", "index_save_cut"):
                 totals[key] += result[key]
             print(f"cycle {cycle + 1:3d}: {json.dumps(result)}", flush=True)
     finally:
@@ -288,6 +292,7 @@ def main() -> None:
         "never_sent_present": totals["unknown"],
         "wrong_text": totals["wrong_text"],
         "index_mismatch": totals["index_mismatch"],
+        "kills_inside_index_saves": totals["index_save_cut"],
         "adds_rejected": ledger.add_rejected,
         "searches_ok": ledger.search_ok,
         "searches_failed": ledger.search_failed,
