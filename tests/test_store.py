@@ -301,3 +301,20 @@ def test_the_saved_index_is_checked_against_the_rows_and_caught_up(tmp_path: Pat
         third = DocumentStore.open(crashed, dim=DIM)
     assert "does not match the documents" in caplog.text
     assert len(third.index) == 340 and third.search(base[:1], 1)[0][0]["id"] == "d0"
+
+
+def test_a_qdrant_store_keeps_its_collection_and_catches_up_after_a_crash(tmp_path: Path):
+    pytest.importorskip("qdrant_client")
+    store = DocumentStore.open(tmp_path / "s", dim=DIM, kind="qdrant")
+    store.add(_docs(["a", "b"]), _vectors(2))
+    store.close()  # merged into the embedded collection (storage/), index/ records it
+    store = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert store.kind == "qdrant" and len(store.index.main) == 2
+    store.add(_docs(["c"]), _vectors(1, 1))
+    assert store.compact()  # c is in the collection and index/ says rows 1..3
+    store.add(_docs(["d"]), _vectors(1, 2))  # d only in the rows
+    store.index.close()  # a crash: no compaction (the embedded client must let go of its folder)
+    again = DocumentStore.open(tmp_path / "s", dim=DIM)
+    assert list(again.docs) == ["a", "b", "c", "d"] and len(again.index) == 4
+    assert [again.search(_vectors(1, 2), 1)[0][0]["id"]] == ["d"]
+    again.close()
