@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from embforge.modeling.resolve import resolve_model_path
+from embforge.modeling.st_folder import MODULES_FILE, has_modules, read_st_config
 
 
 class ModelKind(str, Enum):
@@ -89,17 +90,12 @@ def folder_kind(path: str | os.PathLike) -> ModelKind | None:
     ``StaticEmbedding`` models (whose ``model_type`` is ``SentenceTransformer``), from ``modules.json``.
     """
     root = resolve_model_path(path)
-    modules = root / "modules.json"
-    if modules.exists():
-        types = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(modules.read_text())]
+    if has_modules(root):
+        types = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads((root / MODULES_FILE).read_text())]
         if types and types[0] == _STATIC_MODULE:
             return ModelKind.STATIC
-    st_config = root / "config_sentence_transformers.json"
-    if st_config.exists():
-        model_type = json.loads(st_config.read_text()).get("model_type")
-        if model_type in _ST_MODEL_TYPES:
-            return _ST_MODEL_TYPES[model_type]
-    return None
+    model_type = read_st_config(root).get("model_type")
+    return _ST_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
 
 
 def load_any(path: str | os.PathLike, **options: Any) -> Any:

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from embforge.modeling.st_folder import MODULES_FILE
+
 
 @dataclass(frozen=True)
 class SplitZipModel:
@@ -51,7 +53,7 @@ TEACHERS: dict[str, SplitZipModel] = {
 
 _PART = re.compile(r"\.zip\.(\d{3})$")
 _SKIP = {"desktop.ini", ".DS_Store", "Thumbs.db"}  # OS clutter some archives carry; never part of a model
-REQUIRED_FILES = ("config.json", "modules.json")
+REQUIRED_FILES = ("config.json", MODULES_FILE)  # a sentence-transformers folder (modeling/st_folder.py)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "spiece.model")
 
