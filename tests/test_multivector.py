@@ -210,3 +210,34 @@ def test_model_card_export_and_merge_know_the_kind(colbert: MultiVectorEncoder, 
         export_onnx(tmp_path / "colbert", tmp_path / "onnx")
     with pytest.raises(ValueError, match="is a multivector model: embforge merge combines dense"):
         Merger([tmp_path / "colbert", tmp_path / "colbert"])
+
+
+def test_cli_trains_and_evaluates_a_colbert_model(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    from embforge.cli import main
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(DOCS))
+    )
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(QUERIES))
+    )
+    (beir / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(QUERIES)))
+    )
+    out = tmp_path / "colbert"
+    flags = ["--model-type", "multivector", "--model", str(tiny_model_dir), "--train", str(_pairs(tmp_path))]
+    assert (
+        main(["train", *flags, "--max-steps", "2", "--batch-size", "4", "--output", str(out), "--quiet"]) == 0
+    )
+    assert folder_kind(out) == ModelKind.MULTIVECTOR
+    capsys.readouterr()
+    assert main(["eval", "retrieval", "--model", str(out), "--data", str(beir), "--split", "test"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["queries"] == 3.0
+    # what a ColBERT model cannot do yet is refused with a message, not a traceback
+    assert main(["train", *flags, "--eval", str(_pairs(tmp_path)), "--output", str(tmp_path / "x")]) == 2
+    assert "evaluated on retrieval (MaxSim)" in capsys.readouterr().err
+    mined = ["--retrieval-train", str(beir), "--retrieval-split", "test", "--num-negatives", "1"]
+    assert main(["train", *flags[:4], *mined, "--output", str(tmp_path / "y")]) == 2
+    assert "does not mine its own negatives yet" in capsys.readouterr().err

@@ -141,7 +141,13 @@ def make_evaluator(path: str, model: Any, *, columns: str | dict[str, str] | Non
     """``model -> metrics`` for an evaluation file: STS correlations for scored pairs, pair classification
     (accuracy, F1, AP, Spearman) for 0/1 labels of a cross-encoder."""
     from embforge.evaluate.sts import evaluate_sts
+    from embforge.kinds import ModelKind, kind_of
 
+    if kind_of(model) == ModelKind.MULTIVECTOR:
+        raise ValueError(
+            f"--eval {path}: a multi-vector model is evaluated on retrieval (MaxSim), not on STS pairs; use "
+            "--retrieval-train FOLDER --retrieval-eval-split dev, or 'embforge eval retrieval' after training"
+        )
     data = read_table(path, columns=columns)
     if is_cross_encoder(model) and data.label_column == "label":
         from embforge.evaluate.pairs import evaluate_pairs
@@ -296,6 +302,14 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
     from embforge.training.refresh import retrieval_training
 
     assert spec.retrieval_train is not None
+    from embforge.kinds import ModelKind, kind_of
+
+    mines_with_model = (spec.num_negatives > 0 and spec.mine_method != "bm25") or spec.refresh_negatives_every
+    if kind_of(model) == ModelKind.MULTIVECTOR and mines_with_model:
+        raise ValueError(
+            "a multi-vector model does not mine its own negatives yet: use --mine-method bm25 (or "
+            "--num-negatives 0), or mine with a dense model ('embforge mine') and train on that file"
+        )
     data = load_retrieval_folder(spec.retrieval_train, spec.retrieval_split)
     rows = sum(1 for rel in data.qrels.values() for grade in rel.values() if grade > 0)
     steps = planned_steps([row_count(t.data) for t in tasks] + [rows], spec.config)
