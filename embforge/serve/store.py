@@ -24,7 +24,7 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +279,10 @@ class DocumentStore:
         with self._read_lock:
             return self._reader.execute(sql, params).fetchall()
 
-    def _present(self, ids: Sequence[str], read: Any) -> list[int]:
+    def _present(
+        self, ids: Sequence[str], read: Callable[[str, Sequence[Any]], Iterable[tuple]]
+    ) -> list[int]:
+        """Positions of ids that ``read`` (a connection's query) finds stored, or that repeat within ``ids``."""
         found: set[str] = set()
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), 500):
