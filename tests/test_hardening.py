@@ -178,14 +178,14 @@ def test_a_nul_byte_in_a_text_is_an_error_naming_its_place(tmp_path):
             "sentence1\tsentence2\tscore\na cat\ta dog\t1\nthe sun\x07\train\t2\n",
             r"sts.tsv: 1 text\(s\) held control characters.*sts.tsv:3: column 'sentence1': U\+0007",
             "sentence1",
-            "the sun ",
+            "the sun",
         ),
         (
             "pairs.jsonl",
             '{"anchor": "a cat", "positive": "a \\u001b[31mdog\\u0012s"}\n',
             r"pairs.jsonl: 1 text\(s\) held control characters.*pairs.jsonl:1: column 'positive': U\+001B",
             "positive",
-            "a  [31mdog s",
+            "a [31mdogs",
         ),
     ],
 )

@@ -6,13 +6,13 @@
   Embedding it would give a vector of the special tokens alone, the same for every such text.
 * **Control characters**: a NUL (U+0000) in a text is an error naming the place: it marks a binary file or a
   UTF-16 file read as UTF-8, not text. Other control characters (U+0001-U+001F and U+007F-U+009F but tab, line
-  feed and carriage return) are replaced by a space, and the reader warns once per file with their count and the
-  first place (real data has a few: STS-B train holds one U+0012 for an apostrophe).
+  feed and carriage return) are removed, as BERT's tokenizer would drop them, and the reader warns once per file
+  with their count and the first place (real data has a few: STS-B train holds one U+0012 for an apostrophe).
 
 >>> is_blank(" \\u200b\\t"), is_blank("a\\u200bcat")
 (True, False)
 >>> control_character("a\\tcat\\x12"), control_character("a cat"), replace_controls("it\\x12s")
-(5, None, 'it s')
+(5, None, 'its')
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ def control_character(text: str) -> int | None:
 
 
 def replace_controls(text: str) -> str:
-    """``text`` with each control character other than tab, LF and CR replaced by a space."""
-    return _CONTROL.sub(" ", text)
+    """``text`` without its control characters other than tab, LF and CR."""
+    return _CONTROL.sub("", text)
 
 
 class ControlCharacterWarning(UserWarning):
-    """A file's texts held control characters, which were replaced by spaces."""
+    """A file's texts held control characters, which were removed."""
 
 
 class ControlCharacters:
-    """The control characters of one file's texts: a NUL is an error, others are replaced by spaces and counted;
+    """The control characters of one file's texts: a NUL is an error, others are removed and counted;
     :meth:`warn` says how many and where the first was, once."""
 
     def __init__(self, path: str | Path) -> None:
@@ -75,7 +75,7 @@ class ControlCharacters:
     def warn(self) -> None:
         if self.texts:
             warnings.warn(
-                f"{self.path}: {self.texts} text(s) held control characters, replaced by spaces (the first at "
+                f"{self.path}: {self.texts} text(s) held control characters, removed (the first at "
                 f"{self.first})",
                 ControlCharacterWarning,
                 stacklevel=4,  # the caller of read_table
