@@ -152,8 +152,8 @@ class Gatekeeper:
         if key and scope["path"] not in OPEN_PATHS:
             if sum(name == b"authorization" for name, _ in scope.get("headers") or []) > 1:
                 # proxies disagree on which of several they forward: the request is ambiguous
-                message = "more than one Authorization header; send one: 'Authorization: Bearer <key>'"
-                await _send_json(send, 400, error_body(message, "authorization"))
+                ambiguous = "more than one Authorization header; send one: 'Authorization: Bearer <key>'"
+                await _send_json(send, 400, error_body(ambiguous, "authorization"))
                 return
             given = headers.get(b"authorization", b"").decode("latin-1")
             token = given[7:] if given[:7].lower() == "bearer " else ""
