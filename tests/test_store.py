@@ -198,10 +198,49 @@ def test_kind_and_model_are_recorded_and_checked(tmp_path: Path):
 def test_a_folder_of_an_older_format_is_refused_with_what_to_do(tmp_path: Path, old: str):
     folder = tmp_path / "old"
     folder.mkdir()
-    (folder / old).write_text(json.dumps({"dim": DIM, "format": 2}))
+    (folder / old).write_text(json.dumps({"dim": DIM, "index": "exact", "documents": 3}))  # format 1
     with pytest.raises(ValueError, match=r"older 'embforge index build'.*rebuild it: embforge index build"):
         DocumentStore.open(folder, dim=DIM)
     assert sorted(p.name for p in folder.iterdir()) == [old]  # nothing written
+
+
+def _format2_record(docs: list[dict], vectors: np.ndarray) -> bytes:
+    """One add as the previous format's log wrote it (EFW1 | length | CRC-32 | JSON length | JSON | float32)."""
+    import struct
+    import zlib
+
+    meta = json.dumps({"docs": docs}, ensure_ascii=True).encode()
+    payload = struct.pack("<I", len(meta)) + meta + np.asarray(vectors, "<f4").tobytes()
+    return struct.pack("<4sII", b"EFW1", len(payload), zlib.crc32(payload)) + payload
+
+
+def test_a_store_of_the_previous_format_is_converted_with_every_acknowledged_document(tmp_path: Path):
+    from embforge.retrieval.index.exact import NumpyIndex
+
+    folder, vectors = tmp_path / "old", _vectors(5)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    snapshot = NumpyIndex(DIM)
+    snapshot.add(["a", "b\nc"], vectors[:2])
+    snapshot.save(folder / "snap-00000001" / "index")
+    (folder / "snap-00000001" / "documents.jsonl").write_text(
+        "".join(json.dumps(d) + "\n" for d in _docs(["a", "b\nc"]))
+    )
+    logged = _format2_record(_docs(["d", "e"], "log"), vectors[2:4]) + _format2_record(
+        _docs(["f"]), vectors[4:]
+    )
+    (folder / "wal-00000000.log").write_bytes(b"compacted already: ignored")
+    (folder / "wal-00000001.log").write_bytes(logged + logged[:9])  # a torn last record
+    meta = {"format": 2, "dim": DIM, "kind": "exact", "options": {}, "model": None}
+    (folder / "store.json").write_text(json.dumps({**meta, "snapshot": "snap-00000001", "log_start": 1}))
+    with pytest.raises(ValueError, match="open it once with 'embforge serve --index"):
+        DocumentStore.open(folder, dim=DIM, read_only=True)
+    store = DocumentStore.open(folder, dim=DIM)
+    assert list(store.docs) == ["a", "b\nc", "d", "e", "f"]
+    assert store.docs["e"] == {"text": "log e", "fields": {"n": 1}}
+    assert [store.search(vectors[i : i + 1], 1)[0][0]["id"] for i in (1, 4)] == ["b\nc", "f"]
+    store.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["documents.sqlite"]  # the old files are gone
+    assert len(DocumentStore.open(folder, dim=DIM, read_only=True)) == 5
 
 
 WRITER = """

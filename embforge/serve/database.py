@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embforge.retrieval.index.registry import check_kind, create_index
+from embforge.serve.migrate import is_format2, read_format2, remove_format2
 from embforge.serve.vectors import STORAGE_DIR
 
 DB_FILE = "documents.sqlite"
@@ -64,8 +65,8 @@ def read_meta(conn: sqlite3.Connection, where: Path | str = "the database") -> d
     return {key: json.loads(value) for key, value in conn.execute("SELECT key, value FROM meta")}
 
 
-def write_meta(conn: sqlite3.Connection, meta: Mapping[str, Any]) -> None:
-    """Create the tables (if missing) and record ``meta``, in one transaction."""
+def write_meta(conn: sqlite3.Connection, meta: Mapping[str, Any], rows: Sequence[tuple] = ()) -> None:
+    """Create the tables (if missing) and record ``meta`` (and ``rows``: a converted store's), in one transaction."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         for statement in SCHEMA:
@@ -73,6 +74,7 @@ def write_meta(conn: sqlite3.Connection, meta: Mapping[str, Any]) -> None:
         conn.executemany(
             "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, to_json(v)) for k, v in meta.items()]
         )
+        conn.executemany("INSERT INTO documents VALUES (?, ?, ?, ?, ?)", rows)
         conn.execute(f"PRAGMA user_version = {FORMAT}")
         conn.execute("COMMIT")
     except BaseException:
@@ -105,13 +107,18 @@ def is_store(root: Path) -> bool:
 
 
 def _refuse_other(root: Path, read_only: bool) -> None:
-    """A folder without a database: an error unless it can become a new store."""
-    if (root / "index.json").exists() or (root / "store.json").exists():
+    """A folder without a database: an error unless it can become a new store (or be converted into one)."""
+    if read_only and is_format2(root):
+        raise ValueError(
+            f"{root} holds a store of the previous format; open it once with 'embforge serve --index {root}' "
+            "(which converts it) before searching it read-only"
+        )
+    if (root / "index.json").exists() or ((root / "store.json").exists() and not is_format2(root)):
         raise ValueError(
             f"{root} was written by an older 'embforge index build' (or server); rebuild it: "
             f"embforge index build --index {root} ..."
         )
-    if read_only or (root.exists() and any(root.iterdir())):
+    if read_only or (root.exists() and any(root.iterdir()) and not is_format2(root)):
         raise FileNotFoundError(f"{root} is not an embforge index folder (no {DB_FILE})")
 
 
@@ -168,6 +175,12 @@ def open_folder(
     reader = connect(db, read_only=True)
     try:
         meta = read_meta(reader, db)
+        if meta is None and writer is not None and is_format2(root):  # (again, if a conversion was cut short)
+            meta, rows = read_format2(root)
+            write_meta(writer, meta, rows)
+            log.warning("%s: converted %d documents from the previous store format", root, len(rows))
+        if meta is not None and writer is not None and is_format2(root):
+            remove_format2(root)
         if meta is None and writer is not None:  # new, or its creation was cut short (nothing else written)
             new_kind = check_kind(kind or "exact")
             create_index(new_kind, dim, storage=root / STORAGE_DIR, **(options or {})).close()  # bad options
