@@ -17,7 +17,7 @@ _EXTRAS = {
     "orjson": "serve",
     "sklearn": "eval",
     "matplotlib": "eval",
-    "datasets": "mteb",
+    "datasets": "data",
     "pyarrow": "parquet",
     "pyarrow.parquet": "parquet",
     "qdrant_client": "qdrant",

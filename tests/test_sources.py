@@ -110,14 +110,14 @@ def test_a_stream_is_read_a_window_at_a_time(pairs):
     assert row_count(stream) == 300  # known once the stream has ended
 
 
-def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=False):
+def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=False, save_every=2):
     options = SourceOptions(mode=mode, window=64, cache_dir=str(tmp_path / "cache"))
     config = TrainConfig(
         output=str(out),
         max_steps=6,
         batch_size=16,
         shuffle_window=64,
-        save_every=2,
+        save_every=save_every,
         resume=resume,
         quiet=True,
     )
@@ -147,9 +147,13 @@ def test_streamed_and_memory_mapped_training_give_the_in_memory_weights(pairs, t
 
 def test_an_interrupted_streamed_run_resumes_to_the_same_weights(pairs, tmp_path, tiny_model_dir):
     full = train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "full")
-    with pytest.raises(KeyboardInterrupt):  # after step 5: the last checkpoint is step 4, mid second window
-        train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", stop_at=5)
-    resumed = train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", resume=True)
+    # stopped after step 5: the last checkpoint is step 3, inside the first window of 64 rows (4 batches)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", stop_at=5, save_every=3)
+    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "checkpoint-3"
+    resumed = train_run(
+        pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", resume=True, save_every=3
+    )
     assert_same(full, resumed)
 
 
