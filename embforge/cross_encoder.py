@@ -21,6 +21,8 @@ from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_logits, supports_packed_classifier
 from embforge.modeling.padding import (
+    BLOCK_TOKENS,
+    CHUNK_TOKENS,
     in_length_chunks,
     sort_by_length,
     token_budget_chunks,
@@ -103,7 +105,7 @@ class CrossEncoder(Tokenized, TransformerModule):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         *,
-        max_tokens: int = 4096,
+        max_tokens: int | None = None,
         dropout_seed: int | None = None,
         places: Sequence[int] | None = None,
     ) -> Tensor:
@@ -127,7 +129,7 @@ class CrossEncoder(Tokenized, TransformerModule):
                 keys = text_keys(dropout_seed, where, device=self.device)
             batch = pack(
                 [ids for ids, _ in items],
-                max_tokens=max_tokens,
+                max_tokens=max_tokens or BLOCK_TOKENS,
                 token_type_ids=[types for _, types in items],
                 keys=keys,
                 device=self.device,
@@ -137,7 +139,7 @@ class CrossEncoder(Tokenized, TransformerModule):
             ]
         return in_length_chunks(
             items,
-            max_tokens,
+            max_tokens or CHUNK_TOKENS,
             lambda chunk: self._padded_forward(*self.pad(chunk)),
             lengths=[len(ids) for ids, _ in items],
             seed=dropout_seed if self.training else None,
@@ -165,7 +167,7 @@ class CrossEncoder(Tokenized, TransformerModule):
         device = self.device
         return input_ids.to(device), mask.to(device), None if types is None else types.to(device)
 
-    def score_ids(self, items: Sequence[PairIds], *, max_tokens: int = 4096) -> Tensor:
+    def score_ids(self, items: Sequence[PairIds], *, max_tokens: int | None = None) -> Tensor:
         """Logits ``(n, num_labels)`` of many tokenised pairs with gradients (``self(items, max_tokens=...)``)."""
         return self(items, max_tokens=max_tokens)
 

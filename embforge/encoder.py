@@ -7,7 +7,7 @@ The on-disk layout is sentence-transformers' (``modules.json``, ``1_Pooling/``, 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
@@ -24,7 +24,14 @@ from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
-from embforge.modeling.padding import in_length_chunks, pad_ids
+from embforge.modeling.padding import (
+    BLOCK_TOKENS,
+    CHUNK_TOKENS,
+    in_length_chunks,
+    pad_ids,
+    sort_by_length,
+    token_chunks,
+)
 from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
 from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path
 from embforge.modeling.st_folder import (
@@ -45,6 +52,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from embforge.modeling.onnx_runtime import OnnxEncoder
+
+ENCODE_TOKENS = 16384  # real tokens per padding-free inference forward, at least (Encoder.embed_sorted)
 
 
 class LoadOptions(TypedDict, total=False):
@@ -100,6 +109,15 @@ class Encoder(BatchEncoding, TransformerModule):
         return "left" if getattr(self.tokenizer, "padding_side", "right") == "left" else "right"
 
     @property
+    def packs_tokens(self) -> bool:
+        """Whether :meth:`forward` runs padding-free (BERT family: :mod:`~embforge.modeling.packing`; Qwen, Llama,
+        Mistral: :mod:`~embforge.modeling.decoder_packing`); packing.py reads BERT's projection weights directly
+        and would skip LoRA layers, so adapted BERT models go padded."""
+        if supports_decoder_packing(self.backbone):
+            return True
+        return supports_packing(self.backbone) and not uses_adapters(self.backbone)
+
+    @property
     def dim(self) -> int:
         return (
             int(self.dense.out_features) if self.dense is not None else int(self.backbone.config.hidden_size)
@@ -111,7 +129,7 @@ class Encoder(BatchEncoding, TransformerModule):
         ids: Sequence[Sequence[int]] | Tensor,
         attention_mask: Tensor | None = None,
         *,
-        max_tokens: int = 4096,
+        max_tokens: int | None = None,
         dropout_seed: int | None = None,
         places: Sequence[int] | None = None,
     ) -> Tensor:
@@ -120,8 +138,9 @@ class Encoder(BatchEncoding, TransformerModule):
         Two input forms:
 
         - ``ids``: token-id lists (the training forward). BERT-family backbones run padding-free
-          (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded attention block), others in
-          length-sorted padded chunks of at most ``max_tokens`` tokens. Either way each text's embedding is what
+          (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded attention block, default
+          ``BLOCK_TOKENS``), others in length-sorted padded chunks of at most ``max_tokens`` tokens (default
+          ``CHUNK_TOKENS``). Either way each text's embedding is what
           one padded forward would give. In training mode dropout is keyed by ``dropout_seed`` and each text's
           place in the whole batch (``places``, default ``0..n-1``; :mod:`embforge.modeling.dropout`), so the
           result does not depend on how the batch is cut; ``dropout_seed=None`` draws one from torch's generator.
@@ -134,7 +153,7 @@ class Encoder(BatchEncoding, TransformerModule):
             dropout_seed = int(torch.randint(0, 2**62, ()).item())
         where = list(range(len(ids))) if places is None else list(places)
         if supports_decoder_packing(self.backbone):  # Qwen/Llama/Mistral: packed causal (decoder_packing.py)
-            batch = pack(ids, max_tokens=max_tokens, device=self.device)
+            batch = pack(ids, max_tokens=max_tokens or BLOCK_TOKENS, device=self.device)
             last_only = self.pooling == "lasttoken"
             seed = mix(dropout_seed, where[0]) if self.training and dropout_seed is not None else None
             hidden = packed_decoder_hidden(
@@ -146,12 +165,11 @@ class Encoder(BatchEncoding, TransformerModule):
             )
             emb = (hidden if last_only else pool_packed(hidden, batch, self.pooling)).float()
             return self._head(emb)[batch.inverse]
-        # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
-        if supports_packing(self.backbone) and not uses_adapters(self.backbone):  # padding-free (packing.py)
+        if self.packs_tokens:  # BERT family, padding-free (packing.py)
             keys = None
             if self.training and dropout_seed is not None:
                 keys = text_keys(dropout_seed, where, device=self.device)
-            batch = pack(ids, max_tokens=max_tokens, keys=keys, device=self.device)
+            batch = pack(ids, max_tokens=max_tokens or BLOCK_TOKENS, keys=keys, device=self.device)
             first_only = self.pooling == "cls"  # the last layer then skips what CLS pooling never reads
             hidden = packed_hidden(
                 self.backbone, batch, first_tokens_only=first_only, checkpoint_layers=self.checkpointing
@@ -160,7 +178,7 @@ class Encoder(BatchEncoding, TransformerModule):
             return self._head(emb)[batch.inverse]
         return in_length_chunks(
             ids,
-            max_tokens,
+            max_tokens or CHUNK_TOKENS,
             lambda chunk: self._padded_forward(
                 *pad_ids(chunk, self.pad_token_id, device=self.device, side=self.padding_side)
             ),
@@ -177,7 +195,7 @@ class Encoder(BatchEncoding, TransformerModule):
         emb = self.dense(pooled) if self.dense is not None else pooled
         return F.normalize(emb, p=2, dim=-1) if self.normalize else emb
 
-    def embed_ids(self, ids: Sequence[list[int]], *, max_tokens: int = 4096) -> Tensor:
+    def embed_ids(self, ids: Sequence[list[int]], *, max_tokens: int | None = None) -> Tensor:
         """Embed many tokenised texts with gradients, in the input order (``self(ids, max_tokens=...)``)."""
         return self(ids, max_tokens=max_tokens)
 
@@ -190,6 +208,30 @@ class Encoder(BatchEncoding, TransformerModule):
         """One padded forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32."""
         batch_ids, mask = pad_ids(ids, self.pad_token_id, device=self.device, side=self.padding_side)
         return self._padded_forward(batch_ids, mask).float().cpu().numpy()
+
+    def embed_sorted(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        batch_size: int = 32,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Embed tokenised texts in input order. Backbones with a padding-free forward run it over length-sorted
+        chunks of up to ``max(batch_size × max_seq_length, ENCODE_TOKENS)`` real tokens: at least what a padded
+        batch of ``batch_size`` texts could hold, and enough that one forward carries hundreds of short texts
+        (the operations per forward are fixed, so per text they fall with the chunk; nothing is padded but
+        inside attention). Others: padded batches of ``batch_size`` texts."""
+        if not self.packs_tokens:
+            return super().embed_sorted(ids, batch_size=batch_size, on_batch=on_batch)
+        budget = max(batch_size * self.max_seq_length, ENCODE_TOKENS)
+        order = sort_by_length(ids)
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for rows in token_chunks([len(ids[i]) for i in order], budget):
+            chosen = [order[i] for i in rows]
+            out[chosen] = self([ids[i] for i in chosen], max_tokens=budget).float().cpu().numpy()
+            if on_batch is not None:
+                on_batch(len(chosen))
+        return out
 
     # ------------------------------------------------------------------ persistence
     @overload

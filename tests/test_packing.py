@@ -139,19 +139,21 @@ def test_pack_plans_length_sorted_blocks_by_length_bucket_within_the_budget():
     ids = [[1] * n for n in (3, 7, 7, 2, 5, 6, 4)]
     batch = pack(ids, max_tokens=14)
     assert batch.lengths.tolist() == [7, 7, 6, 5, 4, 3, 2]
-    # lengths within ~sqrt(2) share a bucket (7, 6 | 5 | 4, 3 | 2); the budget of 14 padded tokens splits 7, 7 | 6
-    assert [(g.first, g.texts, g.width) for g in batch.groups] == [
-        (0, 2, 7),
-        (2, 1, 6),
-        (3, 1, 5),
-        (4, 2, 4),
-        (6, 1, 2),
-    ]
-    assert batch.groups[0].key_mask is None  # equal lengths: no padding, no mask
-    assert batch.groups[3].key_mask is not None and batch.groups[3].key_mask.sum().item() == 7
+    # four equal steps of log-length from 7 down to 2 (7, 7, 6 | 5, 4 | 3 | 2); the budget of 14 padded tokens
+    # splits the first group into 7, 7 | 6
+    groups = [(g.first, g.texts, g.width) for g in batch.groups]
+    assert groups == [(0, 2, 7), (2, 1, 6), (3, 2, 5), (5, 1, 3), (6, 1, 2)]
+    assert [g.key_mask is None for g in batch.groups] == [
+        True,
+        True,
+        False,
+        True,
+        True,
+    ]  # only 5, 4 is padded
+    assert batch.groups[2].key_mask.sum().item() == 9
     assert batch.offsets.tolist() == [0, 7, 14, 20, 25, 29, 32]
     assert batch.inverse.tolist() == [5, 0, 1, 6, 3, 2, 4]
-    assert batch.padded_rows == 34 + 1  # only text 3 (length 3, block width 4) is padded
+    assert batch.padded_rows == 14 + 6 + 10 + 3 + 2
     with pytest.raises(ValueError, match="empty"):
         pack([[1], []], max_tokens=8)
 

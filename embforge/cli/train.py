@@ -80,7 +80,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "--chunk-tokens",
         "chunk_tokens",
         int,
-        "padded tokens per attention block or padded chunk (default 16384)",
+        "padded tokens per attention block (default 65536) or padded chunk (default 16384)",
     ),
     ("--device", "device", str, "cpu, cuda, cuda:1 ... (default auto)"),
     (

@@ -21,7 +21,6 @@ behave as in the Hugging Face forward, and gradients reach the same parameters (
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from functools import partial
 from typing import Any
@@ -32,7 +31,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.decoder import base_model
-from embforge.modeling.packing import PackedBatch, from_blocks, group_rows, to_blocks
+from embforge.modeling.packing import PackedBatch, flash_varlen, from_blocks, group_rows, to_blocks
 
 _PACKABLE = frozenset({"Qwen2Model", "Qwen3Model", "LlamaModel", "MistralModel"})
 
@@ -74,7 +73,7 @@ def packed_decoder_hidden(
 def _forward(model: Any, batch: PackedBatch, last_tokens_only: bool, checkpoint_layers: bool) -> Tensor:
     hidden = model.embed_tokens(batch.input_ids)
     cos, sin = model.rotary_emb(hidden[None], batch.position_ids[None])
-    varlen = _flash_varlen(batch, hidden)
+    varlen = flash_varlen(batch, hidden)
     for layer in model.layers[: model.config.num_hidden_layers]:
         run = partial(
             _layer, layer, rotary=(cos, sin), batch=batch, varlen=varlen, window=_window(model, layer)
@@ -177,13 +176,3 @@ def _band(width: int, window: int, device: torch.device) -> Tensor:
     i = torch.arange(width, device=device)[:, None]
     j = torch.arange(width, device=device)[None, :]
     return (j <= i) & (j > i - window)
-
-
-def _flash_varlen(batch: PackedBatch, hidden: Tensor) -> tuple[Any, Tensor, int] | None:
-    """``(flash_attn_varlen_func, cu_seqlens, longest text)`` on CUDA when flash-attn is installed, else None."""
-    if hidden.device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
-        return None
-    from flash_attn import flash_attn_varlen_func
-
-    cu_seqlens = F.pad(batch.lengths.cumsum(0), (1, 0)).to(torch.int32)
-    return flash_attn_varlen_func, cu_seqlens, batch.longest

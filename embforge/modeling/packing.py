@@ -4,8 +4,8 @@ Training batches of short, uneven texts spend a third of their matrix work on pa
 (STS-B, batch 16 pairs: ~460 real tokens against ~707 padded in 512-token chunks). Here the texts of a batch are
 concatenated into one ``(tokens, hidden)`` matrix: embeddings, the query/key/value projections, the feed-forward
 layers and the layer norms run on it directly. Only attention needs per-text blocks: the tokens are copied into
-one padded buffer (one operation) in which each group of texts of similar length (length-sorted, lengths within
-a factor of ~sqrt(2), at most ``max_tokens`` padded tokens) is a ``(texts, heads, width, head_dim)`` block that
+one padded buffer (one operation) in which each group of texts of similar length (length-sorted, at most four
+groups, at most ``max_tokens`` padded tokens each) is a ``(texts, heads, width, head_dim)`` block that
 attends with a key mask through ``scaled_dot_product_attention``, and copied back (one operation). The work per
 forward is a fixed number of tensor operations per layer plus a few per attention group, and the number of
 groups follows the spread of lengths, not the number of texts. The backbone's own submodules and weights are called, so the output equals the padded forward
@@ -18,6 +18,7 @@ cross-encoders. Other architectures use the padded path.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -215,13 +216,33 @@ def group_rows(buffer: Tensor, g: AttentionGroup) -> Tensor:
     return buffer[g.block : g.block + g.texts * g.width]
 
 
+def flash_varlen(batch: PackedBatch, hidden: Tensor) -> tuple[Any, Tensor, int] | None:
+    """``(flash_attn_varlen_func, cu_seqlens, longest text)`` on CUDA when flash-attn is installed, else None:
+    attention over all packed texts in one call, no groups, no padding."""
+    if hidden.device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+        return None
+    from flash_attn import flash_attn_varlen_func
+
+    cu_seqlens = F.pad(batch.lengths.cumsum(0), (1, 0)).to(torch.int32)
+    return flash_attn_varlen_func, cu_seqlens, batch.longest
+
+
 def _attend(qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: LayerMasks | None) -> Tensor:
     """Self-attention of each text over its own tokens: ``(tokens, 3 * hidden)`` -> ``(tokens, hidden)``.
 
-    Without dropout masks (inference, or no attention dropout) ``scaled_dot_product_attention`` runs (its fused
-    kernel); with them the attention is written out (scores, key mask, softmax, keyed dropout, values).
+    Without dropout masks (inference, evaluation, or no attention dropout): on CUDA in fp16/bf16 with flash-attn
+    installed, its varlen kernel over all texts in one call; else ``scaled_dot_product_attention`` per group
+    (its fused kernel). With masks the attention is written out (scores, key mask, softmax, keyed dropout,
+    values).
     """
     hidden = qkv.shape[1] // 3
+    drops = masks is not None and masks.drops is not None
+    varlen = None if drops or qkv.dtype not in (torch.float16, torch.bfloat16) else flash_varlen(batch, qkv)
+    if varlen is not None:
+        flash, cu_seqlens, longest = varlen
+        q, k, v = qkv.view(qkv.shape[0], 3, heads, hidden // heads).unbind(1)
+        out = flash(q, k, v, cu_seqlens, cu_seqlens, longest, longest, softmax_scale=scale, causal=False)
+        return out.reshape(qkv.shape[0], hidden)
     buffer = to_blocks(qkv, batch)
     outputs = []
     for index, g in enumerate(batch.groups):

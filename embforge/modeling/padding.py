@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any, TypeVar
 
 import numpy as np
@@ -40,24 +40,47 @@ def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[in
     return chunks
 
 
-def length_buckets(lengths: np.ndarray) -> np.ndarray:
-    """Bucket of each length: lengths within a factor of about sqrt(2) share one (attention blocks then pad at
-    most ~2x the attention work of their longest text, and a batch has at most ~18 buckets up to 512 tokens)."""
-    return np.ceil(2 * np.log2(np.maximum(lengths, 1))).astype(np.int64)
+ATTENTION_GROUPS = 4  # attention groups of a packed forward (before the token budget splits any)
+BLOCK_TOKENS = 1 << 16  # default budget of one attention block of the packed forward (padded tokens)
+CHUNK_TOKENS = 1 << 14  # default budget of one padded chunk (a whole model's forward and backward over it)
 
 
-def plan_groups(lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
-    """``(first, texts)`` of each attention group over length-sorted (descending) ``lengths``: a new group where
-    the length bucket changes, or where a group would exceed ``max_tokens`` padded tokens (each group holds at
-    least one text). The number of groups depends on the spread of lengths, not on the batch size, unless the
-    budget binds."""
-    starts = np.flatnonzero(np.diff(length_buckets(lengths))) + 1
-    bounds = [0, *starts.tolist(), len(lengths)]
-    groups = []
+def plan_groups(
+    lengths: np.ndarray, max_tokens: int, *, groups: int = ATTENTION_GROUPS
+) -> list[tuple[int, int]]:
+    """``(first, texts)`` of each attention group over length-sorted (descending) ``lengths``.
+
+    The span from the longest to the shortest length is cut into ``groups`` equal steps of log-length (texts of
+    8 to 64 tokens: widths within a factor of 1.7 share a group), so a forward has at most ``groups`` attention
+    groups whatever its number of texts — each group costs a few operations per layer, kernel launches on an
+    accelerator — and pads only inside attention. A group over ``max_tokens`` padded tokens is split (each
+    piece holds at least one text).
+    """
+    longest, shortest = float(lengths[0]), float(lengths[-1])
+    if longest == shortest:
+        index = np.zeros(len(lengths), dtype=np.int64)
+    else:
+        steps = np.log(longest / lengths) / np.log(longest / shortest) * groups
+        index = np.minimum(groups - 1, np.floor(steps)).astype(np.int64)
+    bounds = [0, *(np.flatnonzero(np.diff(index)) + 1).tolist(), len(lengths)]
+    planned = []
     for begin, end in pairwise(bounds):
         per_group = max(1, max_tokens // int(lengths[begin]))
-        groups += [(first, min(per_group, end - first)) for first in range(begin, end, per_group)]
-    return groups
+        planned += [(first, min(per_group, end - first)) for first in range(begin, end, per_group)]
+    return planned
+
+
+def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
+    """Consecutive positions of ``lengths`` in chunks of at most ``budget`` tokens (each holds at least one)."""
+    chunks, start, used = [], 0, 0
+    for pos, length in enumerate(lengths):
+        if pos > start and used + length > budget:
+            chunks.append(range(start, pos))
+            start, used = pos, 0
+        used += length
+    if start < len(lengths):
+        chunks.append(range(start, len(lengths)))
+    return chunks
 
 
 def pad_ids(
@@ -69,18 +92,19 @@ def pad_ids(
 ) -> tuple[Tensor, Tensor]:
     """Pad sequences to the longest one: ``(input_ids, attention_mask)`` as long tensors.
 
-    ``side="left"`` puts the padding first (decoder tokenizers such as Qwen3-Embedding's pad on the left).
+    ``side="left"`` puts the padding first (decoder tokenizers such as Qwen3-Embedding's pad on the left). Built
+    on the host with NumPy in a fixed number of passes (no tensor operation per text).
     """
     if side not in ("left", "right"):
         raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
-    width = max(len(seq) for seq in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for row, seq in enumerate(ids):
-        cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-        input_ids[row, cols] = torch.as_tensor(seq, dtype=torch.long)
-        mask[row, cols] = 1
-    return input_ids.to(device), mask.to(device)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    width = int(lengths.max())
+    columns = np.arange(width)[None, :]
+    real = columns >= (width - lengths)[:, None] if side == "left" else columns < lengths[:, None]
+    input_ids = np.full((len(ids), width), pad_id, dtype=np.int64)
+    input_ids[real] = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+    mask = torch.from_numpy(real.astype(np.int64))
+    return torch.from_numpy(input_ids).to(device), mask.to(device)
 
 
 def in_length_chunks(
@@ -93,7 +117,7 @@ def in_length_chunks(
     places: Sequence[int] | None = None,
 ) -> Tensor:
     """``forward`` over length-sorted chunks of similar lengths (:func:`plan_groups`:
-    within a factor of ~sqrt(2), at most ``max_tokens`` padded tokens), outputs in the input order.
+    a few groups of similar lengths, at most ``max_tokens`` padded tokens each), outputs in the input order.
 
     With ``seed`` (training), each chunk runs under torch's generator seeded from ``(seed, place of the chunk's
     first item)``, so a chunk's dropout masks are the same whenever the same chunk is forwarded again (the cached

@@ -36,7 +36,7 @@ from torch import Tensor
 from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
 from embforge.modeling.module import TransformerModule
-from embforge.modeling.padding import in_length_chunks, pad_ids, sort_by_length
+from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
 
 
@@ -168,7 +168,7 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
         self,
         ids: Sequence[Sequence[int]],
         *,
-        max_tokens: int = 4096,
+        max_tokens: int | None = None,
         dropout_seed: int | None = None,
         places: Sequence[int] | None = None,
     ) -> Tensor:
@@ -180,7 +180,7 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
             dropout_seed = int(torch.randint(0, 2**62, ()).item())
         return in_length_chunks(
             ids,
-            max_tokens,
+            max_tokens or CHUNK_TOKENS,
             lambda chunk: self.token_matrices(*pad_ids(chunk, self.pad_token_id, device=self.device)),
             seed=dropout_seed if self.training else None,
             places=places,

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
 from embforge.modeling.module import TransformerModule
-from embforge.modeling.padding import in_length_chunks, pad_ids, sort_by_length
+from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
 
@@ -128,7 +128,7 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         ids: Sequence[Sequence[int]] | Tensor,
         attention_mask: Tensor | None = None,
         *,
-        max_tokens: int = 4096,
+        max_tokens: int | None = None,
         dropout_seed: int | None = None,
         places: Sequence[int] | None = None,
     ) -> Tensor:
@@ -146,7 +146,7 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
             dropout_seed = int(torch.randint(0, 2**62, ()).item())
         where = list(range(len(ids))) if places is None else list(places)
         # each chunk's MLM logits are (tokens, vocab) floats: cap them at 2^27 (512 MiB), whatever the budget
-        max_tokens = min(max_tokens, max(self.max_seq_length, (1 << 27) // self.dim))
+        max_tokens = min(max_tokens or CHUNK_TOKENS, max(self.max_seq_length, (1 << 27) // self.dim))
         queries = [i for i, x in enumerate(ids) if isinstance(x, QueryIds)] if self.inference_free else []
         if not queries:
             return self._documents(ids, max_tokens=max_tokens, seed=dropout_seed, places=where)

@@ -98,7 +98,7 @@ class StaticEncoder(BatchEncoding, nn.Module):
         ids: Sequence[Sequence[int]],
         attention_mask: Tensor | None = None,
         *,
-        max_tokens: int = 4096,
+        max_tokens: int | None = None,
         dropout_seed: int | None = None,
         places: Sequence[int] | None = None,
     ) -> Tensor:
@@ -109,7 +109,7 @@ class StaticEncoder(BatchEncoding, nn.Module):
         emb = self.embedding(torch.from_numpy(flat).to(self.device), offsets)
         return F.normalize(emb, p=2, dim=-1) if self.normalize else emb
 
-    def embed_ids(self, ids: Sequence[Sequence[int]], *, max_tokens: int = 4096) -> Tensor:
+    def embed_ids(self, ids: Sequence[Sequence[int]], *, max_tokens: int | None = None) -> Tensor:
         """Embed tokenised texts in the input order (``self(ids)``; the server's batched forward)."""
         return self(ids)
 

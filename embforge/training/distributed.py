@@ -160,7 +160,7 @@ class RankForward:
         self,
         ids: Any,
         *,
-        max_tokens: int,
+        max_tokens: int | None,
         dropout_seed: int | None,
         places: Sequence[int] | None = None,
     ) -> Tensor:

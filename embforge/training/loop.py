@@ -178,9 +178,8 @@ def train(
         optimizer, _linear_schedule(int(config.warmup_ratio * total_steps), total_steps)
     )
     dtype = amp_dtype(config.amp, device)
-    # padded tokens per attention block / padded chunk: texts are grouped by length first, so a large budget costs
-    # little padding and keeps the operations per step independent of the batch size
-    chunk_tokens = config.chunk_tokens or 16384
+    # padded tokens per attention block / padded chunk; None: the model's defaults (modeling/padding.py)
+    chunk_tokens = config.chunk_tokens
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     # what a checkpoint saves and a resume restores, by name
     trainer: dict[str, Any] = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}

@@ -51,7 +51,7 @@ def cached_step(
     rows: Sequence[int],
     *,
     mini_batch_size: int,
-    max_tokens: int,
+    max_tokens: int | None,
     dropout_seed: int,
     backward: Callable[[Tensor], None],
 ) -> Tensor:
@@ -63,7 +63,7 @@ def cached_step(
         task: A prepared task (:mod:`embforge.training.tasks`).
         rows: The batch's rows.
         mini_batch_size: Texts (or pairs) per forward pass.
-        max_tokens: Padded tokens per attention block / length chunk.
+        max_tokens: Padded tokens per attention block / length chunk (None: the model's defaults).
         dropout_seed: The micro-step's dropout seed (both passes use it).
         backward: What the plain step does with its loss (scaling for AMP and accumulation, then ``backward``).
     """
