@@ -1,26 +1,38 @@
-"""Encode throughput on CPU: embforge (torch, ONNX fp32, ONNX int8) vs sentence-transformers, one process.
+"""Encode throughput on CPU, fastest path against fastest path: embforge's backends vs sentence-transformers'.
 
-All four encode the same sentences (the unique sentences of STS-B test) with the same batch size. Runs are
-interleaved round by round (the order rotates each round) so all see the same machine load; the table reports the
-median sentences/s over rounds, the ratio to sentence-transformers and the STS-B test Spearman of each.
+embforge: PyTorch, ONNX Runtime fp32 / dynamic int8, OpenVINO fp32 / static int8 (NNCF, calibrated on STS-B *train*
+sentences) — the backends ``embforge serve --backend`` offers (:mod:`embforge.modeling.backends`).
+sentence-transformers: PyTorch, OpenVINO fp32 (``backend="openvino"``) and OpenVINO static int8
+(``export_static_quantized_openvino_model``, calibrated offline on the same STS-B train sentences from a local CSV).
+Its OpenVINO backend needs ``optimum-intel``, whose pins conflict with embforge's, so the sentence-transformers runners
+live in a worker process started from ``.bench-venvs/st-openvino`` (``optimum-intel[openvino,nncf]``; torch and the
+rest shared with the main venv); without that venv only its PyTorch path runs, in this process.
 
-    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python benchmarks/bench_encode.py --rounds 5
+All encode the unique STS-B test sentences with the same batch size. Runs are interleaved round by round (the
+order rotates each round) so all see the same machine load; the table reports the median sentences/s, the ratio
+to sentence-transformers' fastest path and the STS-B test Spearman of each.
+
+    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python benchmarks/bench_encode.py --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parent.parent
+PEER_VENV = ROOT / ".bench-venvs" / "st-openvino" / "bin" / "python"
 
 
 def spearman_of(emb: np.ndarray, sentences: list[str], data) -> float:
@@ -34,79 +46,170 @@ def spearman_of(emb: np.ndarray, sentences: list[str], data) -> float:
     return correlations(cos, np.asarray(data.labels(), dtype=np.float64))["spearman"]
 
 
+def peer_worker(model: str, work: Path, batch_size: int) -> None:
+    """The sentence-transformers side (run in the peer venv): reads ``{"run": name, "texts": file}`` lines, encodes,
+    answers ``{"seconds": s, "out": file}``."""
+    from optimum.intel import OVQuantizationConfig
+    from sentence_transformers import SentenceTransformer, export_static_quantized_openvino_model
+
+    runners = {"sentence-transformers torch": SentenceTransformer(model, device="cpu")}
+    runners["sentence-transformers openvino"] = SentenceTransformer(model, device="cpu", backend="openvino")
+    quantized = work / "st-openvino-int8"
+    if not (quantized / "openvino" / "openvino_model_qint8_quantized.xml").exists():
+        tmp = SentenceTransformer(model, device="cpu", backend="openvino")
+        tmp.save(str(quantized))
+        export_static_quantized_openvino_model(
+            tmp,
+            OVQuantizationConfig(),
+            str(quantized),
+            dataset_name=str(work / "calibration"),
+            dataset_config_name="default",
+            dataset_split="train",
+            column_name="sentence",
+        )
+    runners["sentence-transformers openvino int8"] = SentenceTransformer(
+        str(quantized),
+        device="cpu",
+        backend="openvino",
+        model_kwargs={"file_name": "openvino/openvino_model_qint8_quantized.xml"},
+    )
+    print(json.dumps({"ready": list(runners)}), flush=True)
+    for line in sys.stdin:
+        task = json.loads(line)
+        texts = Path(task["texts"]).read_text().split("\n")
+        start = time.perf_counter()
+        emb = runners[task["run"]].encode(texts, batch_size=batch_size, convert_to_numpy=True)
+        seconds = time.perf_counter() - start
+        out = work / "peer_out.npy"
+        np.save(out, np.asarray(emb, dtype=np.float32))
+        print(json.dumps({"seconds": seconds, "out": str(out)}), flush=True)
+
+
+class Peer:
+    """The worker process of :func:`peer_worker`; ``run(name)`` encodes all sentences there."""
+
+    def __init__(self, model: str, work: Path, batch_size: int, sentences: list[str]) -> None:
+        self.texts = work / "sentences.txt"
+        self.texts.write_text("\n".join(sentences))
+        cmd = [str(PEER_VENV), __file__, "--peer-worker", "--model", model, "--work", str(work)]
+        cmd += ["--batch-size", str(batch_size)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith('{"ready"'):
+                self.names = json.loads(line)["ready"]
+                break
+        else:
+            raise RuntimeError("the sentence-transformers worker did not start")
+
+    def run(self, name: str) -> tuple[float, np.ndarray]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"run": name, "texts": str(self.texts)}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        return answer["seconds"], np.load(answer["out"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch and onnxruntime")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of every runtime")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
-        "--export-dir", default=None, help="reuse an export (default: export to a temp folder)"
+        "--model", default=None, help="model folder (default: the installed all-MiniLM-L6-v2)"
     )
+    parser.add_argument("--work", default=None, help="folder for exports (default: a temp folder)")
+    parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="embforge-bench-encode-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.peer_worker:
+        peer_worker(args.model, work, args.batch_size)
+        return
 
-    from sentence_transformers import SentenceTransformer
+    import torch
 
     from embforge.data.paths import data_root
     from embforge.data.tables import read_table
-    from embforge.encoder import Encoder
-    from embforge.export import export_onnx
-    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.modeling.backends import load_embedder
     from embforge.modeling.resolve import resolve_model_path
 
-    data = read_table(
-        data_root() / "stsb_en" / "stsb-en-test.csv", header=None, columns="0=sentence1,1=sentence2,2=score"
+    columns = "0=sentence1,1=sentence2,2=score"
+    data = read_table(data_root() / "stsb_en" / "stsb-en-test.csv", header=None, columns=columns)
+    train = read_table(data_root() / "stsb_en" / "stsb-en-train.csv", header=None, columns=columns)
+    calibration = list(dict.fromkeys(train.columns["sentence1"]))[:1000]
+    (work / "calibration").mkdir(exist_ok=True)
+    (work / "calibration" / "train.csv").write_text(
+        "sentence\n" + "\n".join(json.dumps(t) for t in calibration) + "\n"
     )
     sentences = list(dict.fromkeys(data.columns["sentence1"] + data.columns["sentence2"]))
-    path = resolve_model_path("all-MiniLM-L6-v2")
-    export_dir = Path(args.export_dir or tempfile.mkdtemp(prefix="embforge-onnx-"))
-    if not (export_dir / "model_int8.onnx").exists():
-        report = export_onnx(path, export_dir, quantize="int8")
-        print(f"exported to {export_dir}: parity {report['parity']}")
-
+    model = str(args.model or resolve_model_path("all-MiniLM-L6-v2"))
     bs = args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch_model = Encoder.load(path)
-    fp32 = OnnxEncoder.load(export_dir / "model.onnx", threads=args.threads)
-    int8 = OnnxEncoder.load(export_dir / "model_int8.onnx", threads=args.threads)
-    peer = SentenceTransformer(str(path), device="cpu")
-    runners = {
-        "sentence-transformers": lambda t: peer.encode(t, batch_size=bs, convert_to_numpy=True),
-        "embforge torch": lambda t: torch_model.encode(t, batch_size=bs),
-        "embforge onnx fp32": lambda t: fp32.encode(t, batch_size=bs),
-        "embforge onnx int8": lambda t: int8.encode(t, batch_size=bs),
-    }
+    runners = {}
+    for backend in ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8"):
+        encoder = load_embedder(
+            model, backend=backend, threads=args.threads, calibration=calibration, cache=work
+        )
+        runners[f"embforge {backend}"] = lambda t, e=encoder: e.encode(t, batch_size=bs)
+    peer = None
+    if PEER_VENV.exists():
+        peer = Peer(model, work, bs, sentences)
+    else:
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(model, device="cpu")
+        runners["sentence-transformers torch"] = lambda t: st.encode(t, batch_size=bs, convert_to_numpy=True)
+    names = list(runners) + (peer.names if peer else [])
     for run in runners.values():  # warm-up
         run(sentences[:64])
-    times: dict[str, list[float]] = {name: [] for name in runners}
+    times: dict[str, list[float]] = {name: [] for name in names}
     outputs: dict[str, np.ndarray] = {}
-    names = list(runners)
     for r in range(args.rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            outputs[name] = np.asarray(runners[name](sentences), dtype=np.float32)
-            times[name].append(time.perf_counter() - start)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            if name in runners:
+                start = time.perf_counter()
+                outputs[name] = np.asarray(runners[name](sentences), dtype=np.float32)
+                times[name].append(time.perf_counter() - start)
+            else:
+                assert peer is not None
+                seconds, outputs[name] = peer.run(name)
+                times[name].append(seconds)
         print(
             f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names),
             flush=True,
         )
+    if peer is not None:
+        peer.close()
+    report(names, times, outputs, sentences, data, bs, args)
+
+
+def report(names, times, outputs, sentences, data, bs, args) -> None:
     spearman = {name: spearman_of(outputs[name], sentences, data) for name in names}
-    peer_rate = len(sentences) / statistics.median(times["sentence-transformers"])
+    rate = {name: len(sentences) / statistics.median(times[name]) for name in names}
+    peers = [n for n in names if n.startswith("sentence-transformers")]
+    best_peer = max(peers, key=lambda n: rate[n])
+    ours = [n for n in names if n.startswith("embforge")]
+    best = max(ours, key=lambda n: rate[n] if spearman[n] >= spearman["embforge torch"] - 0.5 else 0)
     print(
         f"\n{len(sentences)} unique STS-B test sentences, batch {bs}, {args.rounds} interleaved rounds, "
-        f"torch threads {torch.get_num_threads()}, onnxruntime threads {args.threads or 'default'}, "
-        f"CPU cores {os.cpu_count()}"
+        f"threads {args.threads or 'default'}, CPU cores {os.cpu_count()}"
     )
-    print("| runner | sentences/s (median) | vs sentence-transformers | STS-B test Spearman |")
+    print(f"| runner | sentences/s (median) | vs {best_peer} | STS-B test Spearman |")
     print("|---|---:|---:|---:|")
     for name in names:
-        rate = len(sentences) / statistics.median(times[name])
-        print(f"| {name} | {rate:.0f} | {rate / peer_rate:.2f}x | {spearman[name]:.2f} |")
+        print(f"| {name} | {rate[name]:.0f} | {rate[name] / rate[best_peer]:.2f}x | {spearman[name]:.2f} |")
     print(
-        f"\nint8 - fp32 Spearman: {spearman['embforge onnx int8'] - spearman['embforge onnx fp32']:+.2f} points"
+        f"\nfastest vs fastest (within 0.5 STS-B of fp32): {best} / {best_peer} = "
+        f"{rate[best] / rate[best_peer]:.2f}x (STS-B {spearman[best]:.2f} vs fp32 {spearman['embforge torch']:.2f})"
     )
 
 
