@@ -157,6 +157,11 @@ def create_app(
     if not isinstance(only, Mapping) and kind_of(only) == ModelKind.MULTIVECTOR:  # token vectors, MaxSim
         from embforge.multivector.serve import create_multivector_app
 
+        if store is not None:
+            raise ValueError(
+                "a multi-vector model keeps its search documents in memory (POST /index/documents); "
+                "--index folders hold one vector per document: serve it without --index"
+            )
         name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
         return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
     metrics = Metrics()
