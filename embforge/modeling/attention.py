@@ -31,10 +31,17 @@ def dropped_attention(
     """
     if torch.is_autocast_enabled(q.device.type):
         return written_attention(q, k, v, key_mask, drop, keep_scale, scale)
+    texts, heads, rows, width = drop.shape
     budget = _CHUNK_ELEMENTS.get(q.device.type, _ACCELERATOR_CHUNK_ELEMENTS)
-    chunk = max(1, budget // max(1, q.shape[1] * q.shape[2] * k.shape[2]))
-    padding = None if key_mask is None else ~key_mask
-    return _DroppedAttention.apply(q, k, v, padding, drop, keep_scale, scale, chunk)
+    chunk = max(1, budget // max(1, rows * width))
+    # (texts * heads, ., .) matrices, copied once here (q, k, v arrive as views of a permuted block)
+    q3, k3, v3 = (x.reshape(texts * heads, *x.shape[2:]) for x in (q, k, v))
+    padding = None
+    if key_mask is not None:
+        padding = (~key_mask).expand(texts, heads, 1, width).reshape(texts * heads, 1, width)
+    drop3 = drop.reshape(texts * heads, rows, width)
+    out = _DroppedAttention.apply(q3, k3, v3, padding, drop3, keep_scale, scale, chunk)
+    return out.view(texts, heads, rows, v.shape[-1])
 
 
 def written_attention(
@@ -63,23 +70,16 @@ def _parts(n: int, chunk: int, *tensors: Tensor | None) -> list[tuple[Tensor | N
     return [tuple(None if t is None else t[s : s + chunk] for t in tensors) for s in range(0, n, chunk)]
 
 
-def _bmm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
-    """Batched matrix product over the first two axes of 4-d tensors (``(t, h, m, k) @ (t, h, k, n)``)."""
-    t, h = a.shape[:2]
-    product = torch.bmm(a.reshape(t * h, *a.shape[2:]), b.reshape(t * h, *b.shape[2:]))
-    product = product.view(t, h, *product.shape[1:])
-    return product if out is None else out.copy_(product)
-
-
 def _probabilities(q: Tensor, k: Tensor, padding: Tensor | None, scale: float) -> Tensor:
-    scores = _bmm(q, k.transpose(-1, -2)).mul_(scale)
+    scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
     if padding is not None:
         scores.masked_fill_(padding, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
 class _DroppedAttention(torch.autograd.Function):
-    """:func:`written_attention` in chunks of ``chunk`` texts, probabilities recomputed in the backward pass."""
+    """:func:`written_attention` over ``(texts * heads, ., .)`` matrices in chunks of ``chunk`` of them,
+    probabilities recomputed in the backward pass."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -97,7 +97,7 @@ class _DroppedAttention(torch.autograd.Function):
         for qc, kc, vc, pc, dc in _parts(q.shape[0], chunk, q, k, v, padding, drop):
             assert qc is not None and kc is not None and vc is not None and dc is not None
             probs = _probabilities(qc, kc, pc, scale).masked_fill_(dc, 0.0)
-            outputs.append(_bmm(probs, vc))
+            outputs.append(torch.bmm(probs, vc))
         ctx.save_for_backward(q, k, v, drop)
         ctx.padding, ctx.keep_scale, ctx.scale, ctx.chunk = padding, keep_scale, scale, chunk  # type: ignore[attr-defined]
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
@@ -112,10 +112,10 @@ class _DroppedAttention(torch.autograd.Function):
         for qc, kc, vc, pc, dc, gc in _parts(q.shape[0], chunk, q, k, v, ctx.padding, drop, grad):  # type: ignore[attr-defined]
             assert qc is not None and kc is not None and vc is not None and dc is not None and gc is not None
             probs = _probabilities(qc, kc, pc, scale)
-            dv.append(_bmm(probs.masked_fill(dc, 0.0).transpose(-1, -2), gc))
-            dprobs = _bmm(gc, vc.transpose(-1, -2)).masked_fill_(dc, 0.0)
+            dv.append(torch.bmm(probs.masked_fill(dc, 0.0).transpose(1, 2), gc))
+            dprobs = torch.bmm(gc, vc.transpose(1, 2)).masked_fill_(dc, 0.0)
             dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).mul_(scale)
-            dq.append(_bmm(dscores, kc))
-            dk.append(_bmm(dscores.transpose(-1, -2), qc))
+            dq.append(torch.bmm(dscores, kc))
+            dk.append(torch.bmm(dscores.transpose(1, 2), qc))
         joined = [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in (dq, dk, dv)]
         return joined[0], joined[1], joined[2], None, None, None, None, None

@@ -157,10 +157,10 @@ def _blocked_attention(
 ) -> Tensor:
     """Per-group right-padded blocks through ``scaled_dot_product_attention``: ``(tokens, heads, head_dim)``."""
     repeats = q.shape[1] // k.shape[1]  # grouped-query attention: each key/value head serves `repeats` heads
-    blocks = [to_blocks(t, batch) for t in (q, k, v)]
+    grouped = [group_rows(to_blocks(t, batch), batch) for t in (q, k, v)]
     outputs = []
-    for g in batch.groups:
-        qb, kb, vb = (group_rows(b, g).view(g.texts, g.width, *b.shape[1:]).transpose(1, 2) for b in blocks)
+    for g, *rows in zip(batch.groups, *grouped):
+        qb, kb, vb = (r.view(g.texts, g.width, *r.shape[1:]).transpose(1, 2) for r in rows)
         if repeats > 1:
             kb, vb = kb.repeat_interleave(repeats, dim=1), vb.repeat_interleave(repeats, dim=1)
         mask = _band(g.width, window, q.device) if window is not None and g.width > window else None

@@ -211,9 +211,10 @@ def from_blocks(x: Tensor, batch: PackedBatch) -> Tensor:
     return x if batch.slots is None else x.index_select(0, batch.slots)
 
 
-def group_rows(buffer: Tensor, g: AttentionGroup) -> Tensor:
-    """Group ``g``'s ``(texts * width, ...)`` rows of a padded buffer."""
-    return buffer[g.block : g.block + g.texts * g.width]
+def group_rows(buffer: Tensor, batch: PackedBatch) -> tuple[Tensor, ...]:
+    """Each group's ``(texts * width, ...)`` rows of a padded buffer, as views (one ``split``: its backward
+    concatenates the groups' gradients once, where slicing would zero a whole buffer per group)."""
+    return buffer.split([g.texts * g.width for g in batch.groups])
 
 
 def flash_varlen(batch: PackedBatch, hidden: Tensor) -> tuple[Any, Tensor, int] | None:
@@ -243,10 +244,9 @@ def _attend(qkv: Tensor, batch: PackedBatch, heads: int, scale: float, masks: La
         q, k, v = qkv.view(qkv.shape[0], 3, heads, hidden // heads).unbind(1)
         out = flash(q, k, v, cu_seqlens, cu_seqlens, longest, longest, softmax_scale=scale, causal=False)
         return out.reshape(qkv.shape[0], hidden)
-    buffer = to_blocks(qkv, batch)
     outputs = []
-    for index, g in enumerate(batch.groups):
-        q, k, v = _heads(group_rows(buffer, g), g, 3, heads)
+    for index, (g, rows) in enumerate(zip(batch.groups, group_rows(to_blocks(qkv, batch), batch))):
+        q, k, v = _heads(rows, g, 3, heads)
         drop = None if masks is None else masks.attention(index)
         if drop is None or masks is None:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
@@ -414,10 +414,9 @@ def _attend_first(
     """Attention of each text's first token over its own tokens: queries ``(texts, hidden)`` (packed order) and
     keys/values ``(tokens, 2 * hidden)`` -> ``(texts, hidden)``."""
     hidden = q.shape[1]
-    buffer = to_blocks(kv, batch)
     outputs = []
-    for index, g in enumerate(batch.groups):
-        k, v = _heads(group_rows(buffer, g), g, 2, heads)
+    for index, (g, rows) in enumerate(zip(batch.groups, group_rows(to_blocks(kv, batch), batch))):
+        k, v = _heads(rows, g, 2, heads)
         query = q[g.first : g.first + g.texts].view(g.texts, heads, 1, hidden // heads)
         drop = None if masks is None else masks.attention(index)
         if drop is None or masks is None:  # inference, or no attention dropout
