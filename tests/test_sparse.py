@@ -336,3 +336,26 @@ def test_encode_cli_refuses_a_sparse_model_clearly(mlm_dir, tmp_path, capsys):
         main(["encode", "--model", str(tmp_path / "splade"), "--input", str(texts), "--output", "x.npy"]) == 2
     )
     assert "is a sparse model; embforge encode writes one dense vector" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("inference_free", [False, True])
+def test_cached_step_equals_the_plain_step_for_splade(inference_free):
+    from embforge.losses import get_loss
+    from embforge.sparse.model import SparseEncoder
+    from embforge.training.tasks import Task
+    from tests.test_cached_step import assert_same, dataset, plain_and_cached, texts
+
+    mlm, tokenizer = make_mlm()
+    mlm.config.hidden_dropout_prob = mlm.config.attention_probs_dropout_prob = (
+        0.0  # the padded path seeds per chunk
+    )
+    for module in mlm.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    weights = torch.rand(len(tokenizer)) if inference_free else None
+    model = SparseEncoder(mlm, tokenizer, max_seq_length=32, query_weights=weights)
+    data = dataset({"anchor": texts(10, 1), "positive": texts(10, 2), "negative": texts(10, 3)})
+    task = Task("t", data, get_loss("splade", query_weight=0.1, document_weight=0.05))
+    plain, cached = plain_and_cached(model, task, list(range(10)), mini_batch_size=4)
+    assert_same(plain, cached)
+    assert ("query_weights" in plain[1]) == inference_free  # queries went through the table
