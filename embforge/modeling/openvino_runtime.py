@@ -27,6 +27,10 @@ from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.onnx_runtime import _load_tokenizer, _pad, read_export_meta
 
 INT8_IR = "openvino_int8.xml"
+# OpenVINO's CPU plugin prepares kernels per input shape: a shape it has not seen costs ~2.7x a seen one (MiniLM
+# int8, batch 4). Padding the sequence axis to a multiple of this many tokens makes shapes repeat (the mask keeps
+# the embeddings exact), which cuts the server's tail latency.
+WIDTH_STEP = 16
 
 
 def compile_graph(graph: Path, *, threads: int | None = None) -> Any:
@@ -74,8 +78,14 @@ class OpenVinoEncoder(BatchEncoding):
         return int(self.meta["dim"])
 
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """One inference on token-id lists padded together: ``(n, dim)`` float32."""
+        """One inference on token-id lists padded together (to a multiple of :data:`WIDTH_STEP` tokens):
+        ``(n, dim)`` float32."""
         batch, mask = _pad(ids, self.pad_token_id)
+        width = min(-(-batch.shape[1] // WIDTH_STEP) * WIDTH_STEP, max(batch.shape[1], self.max_seq_length))
+        if width > batch.shape[1]:
+            extra = ((0, 0), (0, width - batch.shape[1]))
+            batch = np.pad(batch, extra, constant_values=self.pad_token_id)
+            mask = np.pad(mask, extra)
         feeds = {"input_ids": batch, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(batch)
