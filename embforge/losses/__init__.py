@@ -13,6 +13,7 @@ from embforge.losses.infonce import InfoNCELoss, SimCSELoss
 from embforge.losses.margin import ContrastiveLoss, TripletLoss
 from embforge.losses.matryoshka import MatryoshkaLoss
 from embforge.losses.regression import CosineMSELoss
+from embforge.losses.relational import SimilarityDistillLoss
 from embforge.losses.softmax import SoftmaxLoss
 from embforge.losses.splade import SpladeLoss
 
@@ -30,6 +31,7 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
     "mse_distill": MSEDistillLoss,
     "margin_mse": MarginMSEDistillLoss,
     "kl_distill": KLDistillLoss,
+    "similarity_distill": SimilarityDistillLoss,  # dimension-free: the teacher's in-batch similarities
     "splade": SpladeLoss,  # sparse models (--model-type sparse)
 }
 
@@ -47,6 +49,7 @@ __all__ = [
     "MatryoshkaLoss",
     "PrototypeLoss",
     "SimCSELoss",
+    "SimilarityDistillLoss",
     "SoftmaxLoss",
     "SpladeLoss",
     "SupConLoss",
@@ -69,7 +72,8 @@ def get_loss(
 
     Args:
         name: One of :data:`LOSSES` (``infonce``, ``simcse``, ``cosent``, ``mse``, ``softmax``,
-            ``contrastive``, ``triplet``, ``mse_distill``, ``margin_mse``, ``kl_distill``).
+            ``contrastive``, ``triplet``, ``mse_distill``, ``margin_mse``, ``kl_distill``,
+            ``similarity_distill``).
         dim: Embedding size (needed by ``softmax``).
         num_labels: Number of classes (needed by ``softmax``).
         matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.

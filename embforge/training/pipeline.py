@@ -27,7 +27,8 @@ trains in ``<output>/stage-<k>-<name>`` with the trainer's own checkpoints, star
 writes ``stage_done.json`` when finished; a rerun skips finished stages and resumes the unfinished one from its
 last checkpoint (a stage that starts for the first time is a new run, not a resume). Mined data is saved in the stage folder so a resumed stage trains on the same rows.
 
-A task with ``teacher = "FOLDER"`` and ``loss = "mse_distill"`` regresses the teacher's embeddings of its texts,
+A task with ``teacher = "FOLDER"`` and ``loss = "mse_distill"`` regresses the teacher's embeddings of its texts
+(``loss = "similarity_distill"``: matches the teacher's in-batch similarities instead, with no projection),
 computed when the stage starts and cached in the top-level ``teacher_cache`` folder (default
 ``<output>/teacher-cache``); a model of another dimension first gets a trained projection to the teacher's one
 (:mod:`embforge.training.teachers`)."""
@@ -279,6 +280,7 @@ def _with_teacher(
             seed=int(stage.config.get("seed", 42)),
             show_progress=not stage.config.get("quiet", False),
             loaded=loaded,
+            project=spec.loss in teachers.PROJECTED_LOSSES,
         )
     except (OSError, ValueError) as err:
         raise PipelineError(f"{where}: field 'teacher' = {spec.teacher!r}: {err}") from None

@@ -1,4 +1,5 @@
-"""Pipeline tasks that learn from a teacher: ``teacher = "FOLDER"`` with ``loss = "mse_distill"``.
+"""Pipeline tasks that learn from a teacher: ``teacher = "FOLDER"`` with ``loss = "mse_distill"`` or
+``"similarity_distill"`` (dimension-free: no projection).
 
 The teacher embeds the task's texts once (cached on disk by :func:`embforge.distill.with_teacher_embeddings`); those
 embeddings become the rows' labels. A student whose dimension differs from the teacher's gets a learned projection
@@ -15,18 +16,19 @@ import numpy as np
 
 from embforge.data.tables import Dataset
 
-TEACHER_LOSSES = ("mse_distill",)
+TEACHER_LOSSES = ("mse_distill", "similarity_distill")
+PROJECTED_LOSSES = ("mse_distill",)  # compare embeddings coordinate by coordinate: the dimensions must agree
 
 
 def check_teacher_task(loss: str, teacher: str | None, where: str) -> str | None:
     """An error message when a task's ``teacher`` and ``loss`` do not go together, else ``None``."""
     if teacher is not None and loss not in TEACHER_LOSSES:
         return (
-            f"{where}: field 'teacher' gives embedding targets, which only loss 'mse_distill' reads "
+            f"{where}: field 'teacher' gives embedding targets, which only losses {' / '.join(TEACHER_LOSSES)} read "
             f"(got loss {loss!r}); use embforge score for margin_mse / kl_distill"
         )
     if teacher is None and loss in TEACHER_LOSSES:
-        return f"{where}: loss 'mse_distill' needs the teacher's embeddings: add teacher = \"FOLDER\""
+        return f'{where}: loss {loss!r} needs the teacher\'s embeddings: add teacher = "FOLDER"'
     return None
 
 
@@ -59,8 +61,11 @@ def teacher_targets(
     seed: int = 42,
     show_progress: bool = True,
     loaded: dict[str, Any] | None = None,
+    project: bool = True,
 ) -> Dataset:
-    """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed.
+    """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed
+    (``project``: the loss compares coordinates; ``False`` for a dimension-free loss such as
+    ``similarity_distill``).
 
     ``teacher`` is an encoder or a folder / alias, loaded on the model's device (once per ``loaded`` dict: the
     tasks of a stage that share a teacher load it once).
@@ -76,7 +81,7 @@ def teacher_targets(
         if str(teacher) not in loaded:
             loaded[str(teacher)] = Encoder.load(teacher, device=str(model.device))
         teacher = loaded[str(teacher)]
-    projected = int(model.dim) != int(teacher.dim)
+    projected = project and int(model.dim) != int(teacher.dim)
     if projected:
         if getattr(model, "dense", None) is not None:
             raise ValueError(
