@@ -3,6 +3,7 @@ inverted index, sparsity statistics, and a tiny training run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -359,3 +360,30 @@ def test_cached_step_equals_the_plain_step_for_splade(inference_free):
     plain, cached = plain_and_cached(model, task, list(range(10)), mini_batch_size=4)
     assert_same(plain, cached)
     assert ("query_weights" in plain[1]) == inference_free  # queries went through the table
+
+
+def test_retrieval_training_of_a_sparse_model_mines_with_bm25_or_says_so(mlm_dir, tmp_path, capsys):
+    from embforge.cli import main
+
+    beir = _beir(tmp_path)
+    (beir / "qrels" / "train.tsv").write_text((beir / "qrels" / "test.tsv").read_text())
+    args = ["train", "--model", str(mlm_dir), "--model-type", "sparse", "--retrieval-train", str(beir)]
+    args += [
+        "--retrieval-eval-split",
+        "test",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--save-every",
+        "0",
+        "--quiet",
+    ]
+    assert main([*args, "--output", str(tmp_path / "dense-mined")]) == 2
+    assert (
+        "a sparse model does not mine its own negatives yet: use --mine-method bm25"
+        in capsys.readouterr().err
+    )
+    assert main([*args, "--mine-method", "bm25", "--output", str(tmp_path / "bm25-mined")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["final"]["document_active_dims"] > 0

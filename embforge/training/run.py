@@ -305,9 +305,10 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
     from embforge.kinds import ModelKind, kind_of
 
     mines_with_model = (spec.num_negatives > 0 and spec.mine_method != "bm25") or spec.refresh_negatives_every
-    if kind_of(model) == ModelKind.MULTIVECTOR and mines_with_model:
+    kind = kind_of(model)
+    if kind in (ModelKind.MULTIVECTOR, ModelKind.SPARSE) and mines_with_model:
         raise ValueError(
-            "a multi-vector model does not mine its own negatives yet: use --mine-method bm25 (or "
+            f"a {kind.value} model does not mine its own negatives yet: use --mine-method bm25 (or "
             "--num-negatives 0), or mine with a dense model ('embforge mine') and train on that file"
         )
     data = load_retrieval_folder(spec.retrieval_train, spec.retrieval_split)
