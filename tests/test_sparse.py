@@ -300,7 +300,14 @@ def test_sparse_train_evaluate_save_load_in_sentence_transformers_and_serve(mlm_
     card = (out / "README.md").read_text()
     assert "sparse encoder (SPLADE)" in card and "SparseEncoder.load" in card
 
-    client = TestClient(create_app(model))
+    client = TestClient(create_app({"splade": model}))  # as the runner passes it: a one-model mapping
+    assert client.get("/v1/models").json()["data"][0] == {
+        "id": "splade",
+        "object": "model",
+        "owned_by": "embforge",
+        "kind": "sparse",
+        "dim": 62,
+    }
     body = client.post("/v1/embeddings", json={"input": TEXTS[:2], "input_type": "query"}).json()
     expected = model.encode_query(TEXTS[:2])
     for item, row in zip(body["data"], expected):

@@ -164,6 +164,17 @@ def create_app(
             )
         name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
         return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
+    # a sparse (SPLADE) model: {indices, values} embeddings and an inverted index (embforge.sparse.serve)
+    if not isinstance(only, Mapping) and kind_of(only) == ModelKind.SPARSE:
+        from embforge.sparse.serve import create_sparse_app
+
+        if store is not None:
+            raise ValueError(
+                "a sparse model keeps its search documents in an in-memory inverted index (POST "
+                "/index/documents); --index folders hold dense vectors: serve it without --index"
+            )
+        name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
+        return create_sparse_app(only, name=name, max_inputs=cfg.max_inputs)
     metrics = Metrics()
     embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
     rerankers: dict[str, Any] = {}
