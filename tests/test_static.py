@@ -139,3 +139,11 @@ def test_encode_cli_writes_a_static_models_vectors(static_dir, tmp_path):
         == 0
     )
     assert np.abs(np.load(out) - StaticEncoder.load(static_dir).encode(TEXTS)).max() <= 1e-6
+
+
+def test_lora_on_a_static_model_is_refused_clearly(static_dir):
+    from embforge.training.run import load_model, spec_from_dict
+
+    spec = spec_from_dict({"model": str(static_dir), "model_type": "static", "lora_r": 8})
+    with pytest.raises(ValueError, match="LoRA is not supported for static models"):
+        load_model(spec)

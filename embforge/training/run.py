@@ -208,6 +208,11 @@ def load_model(spec: RunSpec) -> Any:
     from embforge.kinds import ModelKind, model_class, parse_kind
 
     kind = parse_kind(spec.model_type)
+    if kind in (ModelKind.SPARSE, ModelKind.STATIC) and spec.config.lora_r:
+        raise ValueError(
+            f"LoRA is not supported for {kind.value} models (their folders hold no adapters); train all weights "
+            "(drop --lora-r)"
+        )
     if kind not in (ModelKind.DENSE, ModelKind.CROSS):
         return with_lora(model_class(kind).load(spec.model, max_seq_length=spec.max_seq_length), spec.config)
     if kind == ModelKind.CROSS:
