@@ -14,6 +14,7 @@ import torch
 from embforge import progress
 from embforge.cli import main
 from embforge.modeling import precision
+from embforge.modeling.padding import token_chunks
 from embforge.retrieval.corpus_cache import encode_corpus
 from tests.conftest import requires_data, shared_data
 
@@ -117,7 +118,13 @@ def test_corpus_bar_moves_per_batch(tiny_encoder, tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr("embforge.retrieval.corpus_cache.progress_bar", lambda **kwargs: Recorder())
+    # the padding-free encode fills each forward up to max(batch_size x max_seq_length, ENCODE_TOKENS) tokens:
+    # with a floor of 1 and batch_size 1, 64 tokens per forward (the tiny model's max length)
+    monkeypatch.setattr("embforge.encoder.ENCODE_TOKENS", 1)
     texts = [f"a cat number {'and a dog ' * (i % 5)}" for i in range(10)]
-    emb = encode_corpus(tiny_encoder, texts, [str(i) for i in range(10)], tmp_path / "c", batch_size=3)
-    assert updates == [3, 3, 3, 1]  # one block of 10 documents, seen batch by batch
+    emb = encode_corpus(tiny_encoder, texts, [str(i) for i in range(10)], tmp_path / "c", batch_size=1)
+    lengths = sorted((len(ids) for ids in tiny_encoder.tokenize_ids(texts)), reverse=True)
+    assert (
+        sum(updates) == 10 and len(updates) == len(token_chunks(lengths, 64)) > 1
+    )  # seen forward by forward
     np.testing.assert_allclose(emb, tiny_encoder.encode(texts, batch_size=3), atol=1e-5)
