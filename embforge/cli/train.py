@@ -115,6 +115,20 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--lora-alpha", "lora_alpha", float, "LoRA scaling numerator (default 2 x rank)"),
     ("--lora-dropout", "lora_dropout", float, "dropout on the LoRA adapters' input (default 0)"),
     ("--lora-targets", "lora_targets", str, "modules to adapt: q_proj,v_proj ... (default all-linear)"),
+    (
+        "--ema-decay",
+        "ema_decay",
+        float,
+        "final model = EMA of the weights with this decay, e.g. 0.99 (default off)",
+    ),
+    ("--ema-start", "ema_start", int, "first step the EMA follows (default 0)"),
+    (
+        "--soup-last",
+        "soup_last",
+        int,
+        "final model = mean of the weights at the last K checkpoint steps (default 0)",
+    ),
+    ("--soup-every", "soup_every", int, "steps between the soup's members (default: --save-every)"),
 ]
 
 
@@ -134,6 +148,7 @@ _GROUP = {
     "--loss": "loss",
     **dict.fromkeys(["--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-ratio"], "optimisation"),
     **dict.fromkeys(["--weight-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"),
+    **dict.fromkeys(["--ema-decay", "--ema-start", "--soup-last", "--soup-every"], "optimisation"),
     **dict.fromkeys(["--mini-batch-size", "--amp", "--chunk-tokens", "--device"], "scale"),
     **dict.fromkeys(["--eval", "--eval-every", "--retrieval-eval-split"], "evaluation"),
     **dict.fromkeys(["--output", "--save-every"], "output"),

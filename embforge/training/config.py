@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from embforge.modeling.lora import LoraConfig
 from embforge.modeling.precision import check_amp
+from embforge.training.averaging import check_averaging
 from embforge.training.sampling import STRATEGIES
 
 
@@ -25,6 +26,10 @@ class TrainConfig:
     all-gathers the embeddings so that every loss sees the global batch (in-batch negatives from every rank; the
     same gradients as one process); ``False`` gives each rank the loss of its own rows
     (:mod:`embforge.training.distributed`).
+
+    ``ema_decay`` (an EMA of the weights from step ``ema_start``) or ``soup_last`` (the uniform mean of the
+    weights at the last k steps ``soup_every`` apart) make the final model an average of weights
+    (:mod:`embforge.training.averaging`).
     """
 
     output: str = "output"
@@ -63,6 +68,11 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_targets: str = "all-linear"  # or e.g. "query,value" / "q_proj,v_proj"
     merge_lora: bool = False  # fold the adapters into the final model (a plain sentence-transformers folder)
+    # weight averaging (embforge.training.averaging): the final model is the average
+    ema_decay: float | None = None  # EMA of the weights, e.g. 0.99; None = off
+    ema_start: int = 0  # first step the EMA follows
+    soup_last: int = 0  # uniform mean of the weights at the last k checkpoint steps; 0 = off
+    soup_every: int = 0  # steps between the soup's members; 0 = save_every
 
     def __post_init__(self) -> None:
         if self.mini_batch_size < 0:
@@ -78,6 +88,7 @@ class TrainConfig:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
         check_amp(self.amp)
         LoraConfig.from_fields(self)  # validates the lora_* fields
+        check_averaging(self)
 
 
 def planned_steps(sizes: Sequence[int | None], config: TrainConfig) -> int:

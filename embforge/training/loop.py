@@ -25,6 +25,7 @@ from embforge.files import append_jsonl
 from embforge.modeling.lora import merge_lora, uses_adapters
 from embforge.modeling.precision import amp_dtype
 from embforge.training.artifacts import clear_finished, finalize_run, mark_finished, resume_finished
+from embforge.training.averaging import weight_average
 from embforge.training.checkpoints import (
     atomic_dir,
     load_trainer_state,
@@ -183,6 +184,10 @@ def train(
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     # what a checkpoint saves and a resume restores, by name
     trainer: dict[str, Any] = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    # EMA or a soup of the last k checkpoints (training/averaging.py); None unless the config asks for one
+    average = weight_average(config, total_steps)
+    if average is not None:
+        trainer["averaging"] = average  # checkpointed and restored with the optimiser
 
     def backward(loss: torch.Tensor) -> None:  # fp16 loss scaling, and the mean over accumulated micro-steps
         scaler.scale(loss / config.grad_accum).backward()
@@ -273,6 +278,8 @@ def train(
         step_pairs = 0
         step = progress["step"]
         bar.update(1)
+        if average is not None:  # after the last step the model holds the average: evaluated, saved
+            average.update(model, step)
         if dynamic is not None:  # loss-share task weights (embforge/weighting.py), saved with the progress
             reweighted = dynamic.step(step)
             progress["dynamic_weights"] = dynamic.state_dict()
@@ -346,8 +353,11 @@ def train(
         "pairs_per_second": progress["pairs"] / seconds if seconds > 0 and resume_from is None else None,
         "final": last_metrics,
         "best": progress["best"],
+        "averaged": average.describe() if average is not None else None,
     }
     if main:
+        if average is not None:
+            _log(out, {"event": "averaged", **average.describe()})
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         write_model_card(
             out,

@@ -1,0 +1,129 @@
+"""Weight averaging within a run: an exponential moving average (EMA) or a uniform soup of the last k checkpoints.
+
+Both keep one float32 copy of the model's floating-point weights next to the model, updated after optimiser
+steps, and swap the average into the model after the last step, so the final evaluation, the last checkpoint and
+the saved model are the averaged ones (``train`` logs an ``{"event": "averaged", ...}`` record and the model card
+lists the settings).
+
+- EMA (``ema_decay`` = d, ``ema_start`` = s): from step s on, :math:`\\bar w \\leftarrow d\\,\\bar w + (1-d)\\,w`
+  after every step (started at the weights of step s); ``d = 0`` is the plain run.
+- Soup (``soup_last`` = k, ``soup_every`` = e): the uniform mean of the weights at the last k steps that are
+  multiples of e counting back from the last step (``total, total - e, …, total - (k-1)e``) — the last k
+  checkpoints of a run saving every e steps — kept as a running sum, so no checkpoint needs to stay on disk.
+
+The average is part of the trainer state (:func:`embforge.training.checkpoints.save_checkpoint` saves it under
+``averaging``), so a resumed run continues the same average.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def _weights(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+class WeightAverage:
+    """A running EMA or uniform soup of ``model``'s weights (see the module docstring).
+
+    Args:
+        total_steps: The run's optimiser steps (the soup's steps are counted back from it; the average is swapped
+            into the model after it).
+        ema_decay: EMA decay in [0, 1); ``None``: no EMA.
+        ema_start: First step the EMA follows (earlier steps are not averaged).
+        soup_last: Average the weights of this many steps (0: no soup).
+        soup_every: Steps between the soup's members.
+    """
+
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        ema_decay: float | None = None,
+        ema_start: int = 0,
+        soup_last: int = 0,
+        soup_every: int = 1,
+    ) -> None:
+        self.total_steps, self.ema_decay, self.ema_start = total_steps, ema_decay, ema_start
+        self.soup_last, self.soup_every = soup_last, soup_every
+        self.average: dict[str, Tensor] = {}
+        self.count = 0  # steps averaged so far
+
+    def members(self) -> list[int]:
+        """The steps whose weights the soup averages (the EMA: every step from ``ema_start``)."""
+        if self.soup_last:
+            first = max(1, self.total_steps - (self.soup_last - 1) * self.soup_every)
+            return list(range(self.total_steps, first - 1, -self.soup_every))[::-1]
+        return list(range(max(1, self.ema_start), self.total_steps + 1))
+
+    def _takes(self, step: int) -> bool:
+        if self.soup_last:
+            back = self.total_steps - step
+            return 0 <= back < self.soup_last * self.soup_every and back % self.soup_every == 0
+        return step >= self.ema_start
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        """Fold the weights after optimiser step ``step`` into the average; after the last step, load the
+        average into ``model``."""
+        if self._takes(step):
+            weights = _weights(model)
+            if not self.average:
+                self.average = {k: v.detach().float().clone() for k, v in weights.items()}
+            elif self.soup_last:  # running mean: a_n = a_{n-1} + (w - a_{n-1}) / n
+                for k, v in weights.items():
+                    self.average[k].add_(v.float() - self.average[k], alpha=1.0 / (self.count + 1))
+            else:
+                assert self.ema_decay is not None
+                for k, v in weights.items():
+                    self.average[k].lerp_(v.float(), 1.0 - self.ema_decay)
+            self.count += 1
+        if step == self.total_steps:
+            self.apply(model)
+
+    @torch.no_grad()
+    def apply(self, model: nn.Module) -> None:
+        """Copy the average into ``model`` (each weight in its own dtype and device)."""
+        for k, v in _weights(model).items():
+            if k in self.average:
+                v.copy_(self.average[k].to(v.device, v.dtype))
+
+    def describe(self) -> dict[str, Any]:
+        """What the final model is, for the log and the summary."""
+        if self.soup_last:
+            return {"kind": "soup", "steps": self.members(), "count": self.count}
+        return {"kind": "ema", "decay": self.ema_decay, "start": self.ema_start, "count": self.count}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "average": {k: v.cpu() for k, v in self.average.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = int(state["count"])
+        self.average = {k: v.float().clone() for k, v in state["average"].items()}
+
+
+def weight_average(config: Any, total_steps: int) -> WeightAverage | None:
+    """The :class:`WeightAverage` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None``."""
+    if config.ema_decay is None and not config.soup_last:
+        return None
+    return WeightAverage(
+        total_steps=total_steps,
+        ema_decay=config.ema_decay,
+        ema_start=config.ema_start,
+        soup_last=config.soup_last,
+        soup_every=config.soup_every or config.save_every or 1,
+    )
+
+
+def check_averaging(config: Any) -> None:
+    """Validate a config's ``ema_*`` / ``soup_*`` fields (one kind of average at a time)."""
+    if config.ema_decay is not None and not 0.0 <= config.ema_decay < 1.0:
+        raise ValueError(f"ema_decay must be in [0, 1), got {config.ema_decay}")
+    if config.ema_start < 0 or config.soup_last < 0 or config.soup_every < 0:
+        raise ValueError("ema_start, soup_last and soup_every must be >= 0")
+    if config.ema_decay is not None and config.soup_last:
+        raise ValueError("choose one weight average: ema_decay or soup_last, not both")
