@@ -241,3 +241,14 @@ def test_cli_trains_and_evaluates_a_colbert_model(tiny_model_dir: Path, tmp_path
     mined = ["--retrieval-train", str(beir), "--retrieval-split", "test", "--num-negatives", "1"]
     assert main(["train", *flags[:4], *mined, "--output", str(tmp_path / "y")]) == 2
     assert "does not mine its own negatives yet" in capsys.readouterr().err
+
+
+def test_queries_are_not_padded_to_the_documents_width(colbert: MultiVectorEncoder) -> None:
+    seen: list[tuple[int, ...]] = []
+    colbert.backbone.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    queries = colbert.tokenize_ids(QUERIES, is_query=True)  # 8 tokens each
+    docs = colbert.tokenize_ids(["a dog runs in the park and kicks a red ball on the road"] * 2)
+    colbert(queries + docs, max_tokens=10_000)
+    assert sorted(seen) == sorted([(3, 8), (2, len(docs[0]))])  # 3x8 + 2x16 tokens, not 5x16
