@@ -1,4 +1,4 @@
-"""Session 6 (issue #17): the general-recipe table — every row scored on four task families, seeds, mean ± std.
+"""The general-recipe table — every row scored on four task families, seeds, mean ± std.
 
 Rows: ``base`` (all-MiniLM-L6-v2), ``teacher`` (all-mpnet-base-v2, ``make teacher``), ``specialist`` (the default
 recipe on STS-B train), ``merge`` (the specialist merged back into the base, weight chosen by ``embforge merge
@@ -25,6 +25,16 @@ Run (2-core CPU, one heavy process at a time)::
     HF_HUB_OFFLINE=1 nohup .venv/bin/python benchmarks/general_table.py run --rows base,general,teacher \\
         --seeds 42 --out runs/general-table > /tmp/general/run.log 2>&1 &
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/general_table.py table --out runs/general-table
+
+Leave-one-family-out (``loo``, benchmarks/_loo.py): the recipe trained without the tasks of one family (STS,
+pair classification, retrieval, classification in turn), that family scored against the recipe's base::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/general_table.py loo --recipe embforge/configs/general.toml \
+        --families sts,mrpc,scifact,banking --seeds 42,43,44 --out runs/general-table
+    .venv/bin/python benchmarks/general_table.py loo --table --recipe embforge/configs/general.toml --out ...
+
+``--dry-run`` writes the variant recipes and prints the plan; ``--max-steps N`` shortens every stage (say so
+with the figures); ``--set KEY=VALUE`` adds a ``[defaults]`` field (``ema_decay=0.95``, ``soup_last=3``).
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _loo import loo_table, parse_sets, run_loo
 
 ROWS = ("base", "teacher", "specialist", "merge", "distill", "general")
 TRAINED = ("specialist", "merge", "distill", "general")
@@ -272,9 +284,21 @@ def main() -> None:
     ev.add_argument("--split", choices=("test", "dev"), default="test")
     tab = steps.add_parser("table", help="print the Markdown table (and write OUT/table-<split>.md)")
     tab.add_argument("--split", choices=("test", "dev"), default="test")
-    for sub in (run, ev, tab):
+    loo = steps.add_parser(
+        "loo", help="leave one family out: train the recipe without it, score it vs the base"
+    )
+    loo.add_argument("--recipe", default="embforge/configs/general.toml")
+    loo.add_argument("--seeds", default="42,43,44")
+    loo.add_argument("--split", choices=("test", "dev"), default="test")
+    loo.add_argument(
+        "--max-steps", type=int, default=None, help="steps of every stage (default: the recipe's)"
+    )
+    loo.add_argument("--set", action="append", default=[], help="KEY=VALUE added to [defaults] (repeatable)")
+    loo.add_argument("--dry-run", action="store_true", help="write the variant recipes, print the plan")
+    loo.add_argument("--table", action="store_true", help="only print the leave-one-out table")
+    for sub in (run, ev, tab, loo):
         sub.add_argument("--out", default="runs/general-table")
-    for sub in (run, ev):
+    for sub in (run, ev, loo):
         sub.add_argument(
             "--families",
             default=",".join(FAMILIES),
@@ -287,6 +311,17 @@ def main() -> None:
         text = table(out, split=args.split)
         (out / f"table-{args.split}.md").write_text(text + "\n")
         print(text)
+        return
+    if args.step == "loo":
+        recipe = Path(args.recipe)
+        if not args.table:
+            run_loo(
+                recipe, args.families.split(","), [int(s) for s in args.seeds.split(",")], out,
+                train=lambda argv, log: _cli(argv, log), evaluate=evaluate_row, split=args.split,
+                max_steps=args.max_steps, sets=parse_sets(args.set), dry_run=args.dry_run,
+            )  # fmt: skip
+        if not args.dry_run:
+            print(loo_table(out, recipe, split=args.split))
         return
     if args.step == "eval":
         families = tuple(args.families.split(","))

@@ -1,0 +1,89 @@
+"""``general_table.py loo``: the recipe rewritten without one family, its table, and the MPNet recipe file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from embforge.training.pipeline import load_pipeline, validate_pipeline
+from embforge.training.run import load_toml
+from tests.conftest import requires_data
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ["embforge/configs/general.toml", "embforge/configs/general-mpnet.toml"]
+
+
+def _loo():
+    spec = importlib.util.spec_from_file_location("_loo", ROOT / "benchmarks" / "_loo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_loo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("family", ["sts", "mrpc", "scifact", "banking"])
+def test_a_variant_drops_only_the_familys_tasks_and_round_trips_as_toml(tmp_path, family):
+    loo = _loo()
+    recipe = load_toml(ROOT / RECIPES[0])
+    variant = loo.without(recipe, family, max_steps=2, sets=loo.parse_sets(["ema_decay=0.95", "soup_last=0"]))
+    names = [t["name"] for s in variant["stages"] for t in s["tasks"]]
+    everything = [t["name"] for s in recipe["stages"] for t in s["tasks"]]
+    assert names == [n for n in everything if n not in loo.FAMILY_TASKS[family]] and "snli" in names
+    assert all(s["steps"] == 2 for s in variant["stages"])
+    assert variant["defaults"]["ema_decay"] == 0.95 and variant["defaults"]["batch_size"] == 32
+    path = tmp_path / "variant.toml"
+    path.write_text(loo.dump_toml(variant))
+    assert load_toml(path) == variant
+
+
+def test_leaving_out_a_family_the_recipe_does_not_train_is_an_error():
+    loo = _loo()
+    recipe = {
+        "model": "m",
+        "stages": [{"name": "s", "tasks": [{"name": "snli", "data": "x", "loss": "infonce"}]}],
+    }
+    with pytest.raises(SystemExit, match="does not train sts"):
+        loo.without(recipe, "sts")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        loo.parse_sets(["ema_decay"])
+
+
+def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
+    loo = _loo()
+    results = tmp_path / "results" / "dev"
+    results.mkdir(parents=True)
+    (results / "general-base.json").write_text(json.dumps({"sts": 80.0, "banking": 90.0}))
+    for seed, sts, banking in [(42, 81.0, 89.0), (43, 80.5, 90.5)]:
+        (results / f"general-without-sts-s{seed}.json").write_text(json.dumps({"seed": seed, "sts": sts}))
+        (results / f"general-without-banking-s{seed}.json").write_text(
+            json.dumps({"seed": seed, "banking": banking})
+        )
+    text = loo.loo_table(tmp_path, Path("general.toml"), split="dev")
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    assert "80.75 ± 0.35 | yes" in rows["sts"]
+    assert "89.75 ± 1.06 | no (1 below)" in rows["banking"]
+    assert "not run" in rows["mrpc"]
+
+
+@requires_data
+@pytest.mark.parametrize("family", ["sts", "mrpc", "scifact", "banking"])
+def test_every_variant_of_the_shipped_recipe_validates(tmp_path, family):
+    loo = _loo()
+    path = tmp_path / f"without-{family}.toml"
+    path.write_text(loo.dump_toml(loo.without(load_toml(ROOT / RECIPES[0]), family)))
+    validate_pipeline(load_pipeline(path), dim=384)
+
+
+@requires_data
+def test_the_mpnet_recipe_validates_and_trains_what_the_minilm_recipe_trains():
+    mpnet, minilm = load_pipeline(ROOT / RECIPES[1]), load_pipeline(ROOT / RECIPES[0])
+    validate_pipeline(mpnet, dim=768)
+    assert mpnet.model == "models/all-mpnet-base-v2"
+    assert [(t.name, t.data, t.loss) for s in mpnet.stages for t in s.tasks] == [
+        (t.name, t.data, t.loss) for s in minilm.stages for t in s.tasks
+    ]
