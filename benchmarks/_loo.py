@@ -40,6 +40,17 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
     return values
 
 
+def variant_tag(recipe_path: Path, sets: dict[str, Any] | None = None) -> str:
+    """The rows' name: the recipe file's stem, plus each ``--set`` (``general+ema_decay=0.95``)."""
+    return recipe_path.stem + "".join(f"+{k}={v}" for k, v in (sets or {}).items())
+
+
+def base_row(recipe: dict[str, Any]) -> tuple[str, str]:
+    """``(row name, model)`` of the recipe's base: shared by every variant of recipes with that model."""
+    model = str(recipe.get("model", "all-MiniLM-L6-v2"))
+    return f"base-{Path(model).name}", model
+
+
 def without(
     recipe: dict[str, Any], family: str, *, max_steps: int | None = None, sets: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -90,8 +101,8 @@ def run_loo(
 ) -> None:
     """Train and score every (family, seed) still missing; ``dry_run`` writes the TOMLs and prints the plan."""
     recipe = tomllib.loads(recipe_path.read_text())
-    tag = recipe_path.stem
-    base = str(recipe.get("model", "all-MiniLM-L6-v2"))
+    tag = variant_tag(recipe_path, sets)
+    base_name, base = base_row(recipe)
     for family in families:
         variant = without(recipe, family, max_steps=max_steps, sets=sets)
         toml = out / "loo" / f"{tag}-without-{family}.toml"
@@ -102,7 +113,7 @@ def run_loo(
                           "tasks": [t["name"] for s in variant["stages"] for t in s["tasks"]]}), flush=True)  # fmt: skip
         if dry_run:
             continue
-        evaluate(f"{tag}-base", None, out, split=split, model=base, families=(family,))
+        evaluate(base_name, None, out, split=split, model=base, families=(family,))
         for seed in seeds:
             folder = out / f"{row}-s{seed}"
             if not (folder / "final" / "modules.json").exists():
@@ -120,16 +131,19 @@ def run_loo(
             evaluate(row, seed, out, split=split, model=str(folder / "final"), families=(family,))
 
 
-def loo_table(out: Path, recipe_path: Path, *, split: str = "test") -> str:
+def loo_table(
+    out: Path, recipe_path: Path, *, sets: dict[str, Any] | None = None, split: str = "test"
+) -> str:
     """Markdown: per family, the base, each recipe-without-it seed, mean ± std, and whether it held."""
-    tag = recipe_path.stem
+    tag = variant_tag(recipe_path, sets)
+    base_name, _ = base_row(tomllib.loads(recipe_path.read_text()))
     folder = out / "results" / split
     lines = [
         f"| left out ({tag}) | column | base | without it, per seed | mean ± std | every seed >= base |",
         "|---|---|---:|---|---:|---|",
     ]
     for family, column in HEADLINE.items():
-        base_file = folder / f"{tag}-base.json"
+        base_file = folder / f"{base_name}.json"
         base = json.loads(base_file.read_text()).get(column) if base_file.exists() else None
         runs = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{tag}-without-{family}-s*.json"))]
         values = [(r["seed"], r[column]) for r in runs if column in r]

@@ -321,7 +321,7 @@ def main() -> None:
                 max_steps=args.max_steps, sets=parse_sets(args.set), dry_run=args.dry_run,
             )  # fmt: skip
         if not args.dry_run:
-            print(loo_table(out, recipe, split=args.split))
+            print(loo_table(out, recipe, sets=parse_sets(args.set), split=args.split))
         return
     if args.step == "eval":
         families = tuple(args.families.split(","))

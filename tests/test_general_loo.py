@@ -57,17 +57,20 @@ def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
     loo = _loo()
     results = tmp_path / "results" / "dev"
     results.mkdir(parents=True)
-    (results / "general-base.json").write_text(json.dumps({"sts": 80.0, "banking": 90.0}))
+    (results / "base-all-MiniLM-L6-v2.json").write_text(json.dumps({"sts": 80.0, "banking": 90.0}))
     for seed, sts, banking in [(42, 81.0, 89.0), (43, 80.5, 90.5)]:
         (results / f"general-without-sts-s{seed}.json").write_text(json.dumps({"seed": seed, "sts": sts}))
         (results / f"general-without-banking-s{seed}.json").write_text(
             json.dumps({"seed": seed, "banking": banking})
         )
-    text = loo.loo_table(tmp_path, Path("general.toml"), split="dev")
+    text = loo.loo_table(tmp_path, ROOT / RECIPES[0], split="dev")
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
     assert "80.75 ± 0.35 | yes" in rows["sts"]
     assert "89.75 ± 1.06 | no (1 below)" in rows["banking"]
     assert "not run" in rows["mrpc"]
+    assert (
+        loo.variant_tag(Path("general.toml"), loo.parse_sets(["ema_decay=0.95"])) == "general+ema_decay=0.95"
+    )
 
 
 @requires_data
