@@ -1,7 +1,8 @@
 """Leave-one-family-out for ``general_table.py loo``: train a recipe without family X, score X against the base.
 
 A recipe file (``embforge/configs/general.toml`` or any pipeline TOML) is rewritten once per left-out family into
-``OUT/loo/<tag>-without-<family>.toml`` — the same file minus the tasks that train that family, optionally with
+``OUT/loo/<tag>-without-<family>.toml`` — the same file minus every task on that family's data sets (a
+distillation task on its texts included), optionally with
 fewer steps (``--max-steps``) and extra ``[defaults]`` (``--set ema_decay=0.95``) — trained per seed by the CLI
 into ``OUT/<tag>-without-<family>-s<seed>``, then scored on that family only. The base (the recipe's ``model``)
 is scored on the same family once. "A recipe may not lower a family it did not train on": the table's verdict
@@ -24,8 +25,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-# family (general_table column group) -> the recipe's task names that train it
-FAMILY_TASKS = {"sts": ("stsb",), "mrpc": ("mrpc",), "scifact": ("scifact",), "banking": ("banking77",)}
+# family (general_table column group) -> the built-in data sets that train it: every task reading one of them
+# (labelled, or its texts for a teacher) is left out with the family
+FAMILY_DATA = {"sts": ("stsb",), "mrpc": ("mrpc",), "scifact": ("scifact",), "banking": ("banking77",)}
 HEADLINE = {"sts": "sts", "mrpc": "mrpc_ap", "scifact": "scifact", "banking": "banking"}
 
 
@@ -54,16 +56,16 @@ def base_row(recipe: dict[str, Any]) -> tuple[str, str]:
 def without(
     recipe: dict[str, Any], family: str, *, max_steps: int | None = None, sets: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A copy of the parsed ``recipe`` without the tasks of ``family`` (an error when it trains none of them)."""
-    dropped = FAMILY_TASKS[family]
+    """A copy of the parsed ``recipe`` without the tasks reading ``family``'s data sets (an error when none do)."""
+    dropped = FAMILY_DATA[family]
     stages = []
     for stage in recipe["stages"]:
-        tasks = [t for t in stage["tasks"] if t["name"] not in dropped]
+        tasks = [t for t in stage["tasks"] if str(t["data"]).partition(":")[0] not in dropped]
         if tasks:
             stages.append({**stage, "tasks": tasks, **({"steps": max_steps} if max_steps else {})})
     removed = sum(len(s["tasks"]) for s in recipe["stages"]) - sum(len(s["tasks"]) for s in stages)
     if not removed:
-        raise SystemExit(f"the recipe has no task named {' / '.join(dropped)}: it does not train {family}")
+        raise SystemExit(f"the recipe has no task on {' / '.join(dropped)}: it does not train {family}")
     return {**recipe, "defaults": {**recipe.get("defaults", {}), **(sets or {})}, "stages": stages}
 
 

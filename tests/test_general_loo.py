@@ -14,7 +14,11 @@ from embforge.training.run import load_toml
 from tests.conftest import requires_data
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ["embforge/configs/general.toml", "embforge/configs/general-mpnet.toml"]
+RECIPES = [
+    "embforge/configs/general.toml",
+    "embforge/configs/general-mpnet.toml",
+    "benchmarks/general_simdistill.toml",
+]
 
 
 def _loo():
@@ -26,14 +30,17 @@ def _loo():
     return module
 
 
+@pytest.mark.parametrize("recipe_file", [RECIPES[0], RECIPES[2]])
 @pytest.mark.parametrize("family", ["sts", "mrpc", "scifact", "banking"])
-def test_a_variant_drops_only_the_familys_tasks_and_round_trips_as_toml(tmp_path, family):
+def test_a_variant_drops_only_the_familys_tasks_and_round_trips_as_toml(tmp_path, family, recipe_file):
     loo = _loo()
-    recipe = load_toml(ROOT / RECIPES[0])
+    recipe = load_toml(ROOT / recipe_file)
     variant = loo.without(recipe, family, max_steps=2, sets=loo.parse_sets(["ema_decay=0.95", "soup_last=0"]))
     names = [t["name"] for s in variant["stages"] for t in s["tasks"]]
-    everything = [t["name"] for s in recipe["stages"] for t in s["tasks"]]
-    assert names == [n for n in everything if n not in loo.FAMILY_TASKS[family]] and "snli" in names
+    everything = [t for s in recipe["stages"] for t in s["tasks"]]
+    kept = [t["name"] for t in everything if t["data"].split(":")[0] not in loo.FAMILY_DATA[family]]
+    assert names == kept and "snli" in names and len(kept) < len(everything)
+    assert not any(n.startswith(loo.FAMILY_DATA[family][0]) for n in names)  # its teacher task too
     assert all(s["steps"] == 2 for s in variant["stages"])
     assert variant["defaults"]["ema_decay"] == 0.95 and variant["defaults"]["batch_size"] == 32
     path = tmp_path / "variant.toml"
@@ -74,12 +81,21 @@ def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
 
 
 @requires_data
+@pytest.mark.parametrize("recipe_file", [RECIPES[0], RECIPES[2]])
 @pytest.mark.parametrize("family", ["sts", "mrpc", "scifact", "banking"])
-def test_every_variant_of_the_shipped_recipe_validates(tmp_path, family):
+def test_every_variant_of_the_shipped_recipes_validates(tmp_path, family, recipe_file):
     loo = _loo()
     path = tmp_path / f"without-{family}.toml"
-    path.write_text(loo.dump_toml(loo.without(load_toml(ROOT / RECIPES[0]), family)))
+    path.write_text(loo.dump_toml(loo.without(load_toml(ROOT / recipe_file), family)))
     validate_pipeline(load_pipeline(path), dim=384)
+
+
+@requires_data
+def test_the_similarity_distillation_recipe_validates():
+    pipeline = load_pipeline(ROOT / RECIPES[2])
+    validate_pipeline(pipeline, dim=384)  # teacher tasks with similarity_distill are accepted
+    losses = [t.loss for s in pipeline.stages for t in s.tasks]
+    assert losses.count("similarity_distill") == 4
 
 
 @requires_data
