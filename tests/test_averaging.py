@@ -92,6 +92,7 @@ def test_soup_equals_the_mean_of_the_last_k_checkpoint_steps(tmp_path, sts_csv, 
     _assert_equal(saved, expected, atol=1e-6)
     log = [json.loads(line) for line in (tmp_path / "soup" / "metrics.jsonl").read_text().splitlines()]
     assert {"event": "averaged", "kind": "soup", "steps": [2, 4, 6], "count": 3} in log
+    assert "| `soup_last` | `3` |" in (tmp_path / "soup" / "README.md").read_text()  # the model card says so
 
 
 def test_resume_restores_the_ema_state(tmp_path, sts_csv):
