@@ -2,7 +2,8 @@
 
 Rows: ``base`` (all-MiniLM-L6-v2), ``teacher`` (all-mpnet-base-v2, ``make teacher``), ``specialist`` (the default
 recipe on STS-B train), ``merge`` (the specialist merged back into the base, weight chosen by ``embforge merge
---choose-on``), ``distill`` (``benchmarks/general_distill.toml``), ``general`` (``embforge/configs/general.toml``).
+--choose-on``), ``distill`` (``benchmarks/general_distill.toml``), ``general`` (``embforge/configs/general.toml``), ``seedsoup`` (the general recipe's ``--seeds`` merged with
+equal weights by ``embforge merge``: seed averaging).
 Trained rows are trained once per seed, by the CLI, into ``OUT/<row>-s<seed>``.
 
 Columns (``--split test``), embforge's own evaluators:
@@ -51,7 +52,7 @@ from typing import Any
 
 from _loo import loo_table, parse_sets, run_loo
 
-ROWS = ("base", "teacher", "specialist", "merge", "distill", "general")
+ROWS = ("base", "teacher", "specialist", "merge", "distill", "general", "seedsoup")
 TRAINED = ("specialist", "merge", "distill", "general")
 LABELS = {
     "base": "all-MiniLM-L6-v2 (base)",
@@ -60,6 +61,7 @@ LABELS = {
     "merge": "+ merge with the base (`--choose-on`)",
     "distill": "+ distillation (mse_distill to the teacher)",
     "general": "**general recipe** (`embforge/configs/general.toml`)",
+    "seedsoup": "general recipe, its seeds averaged (`embforge merge`, equal weights)",
 }
 COLUMNS = (
     ("sts", "STS-B Spearman"),
@@ -81,8 +83,26 @@ def model_path(row: str, seed: int | None, out: Path) -> str:
         return TEACHER
     if row == "specialist" and seed == 42 and Path("runs/stsb-specialist/model.safetensors").exists():
         return "runs/stsb-specialist"  # the main job's specialist (default recipe, seed 42)
+    if row == "seedsoup":
+        return str(out / "seedsoup")
     folder = out / f"{row}-s{seed}"
     return str(folder / "final") if row in ("distill", "general") else str(folder)
+
+
+def seed_soup(seeds: list[int], out: Path, *, mix: str, grid: str) -> None:
+    """The general recipe's ``seeds`` (trained if missing) merged with equal weights into ``OUT/seedsoup``."""
+    if (out / "seedsoup" / "modules.json").exists():
+        return
+    for seed in seeds:
+        train_row("general", seed, out, mix=mix, grid=grid)
+    members = [model_path("general", seed, out) for seed in seeds]
+    args = ["merge", "--models", *members, "--output", str(out / "seedsoup"), "--quiet"]
+    _cli(args, out / "logs" / "seedsoup.log")
+    (out / "train").mkdir(parents=True, exist_ok=True)
+    (out / "train" / "seedsoup.json").write_text(
+        json.dumps({"row": "seedsoup", "seeds": seeds, "command": "embforge " + " ".join(args)}, indent=2)
+        + "\n"
+    )
 
 
 def _cli(args: list[str], log: Path) -> float:
@@ -253,7 +273,9 @@ def table(out: Path, *, split: str = "test") -> str:
     ]
     for row in [*ROWS, *sorted(set(done) - set(ROWS))]:  # then variants scored with `eval --row NAME`
         records = done.get(row, [])
-        seeds = ", ".join(str(r["seed"]) for r in records) if row not in ("base", "teacher") else "–"
+        seeds = (
+            ", ".join(str(r["seed"]) for r in records) if row not in ("base", "teacher", "seedsoup") else "–"
+        )
         cells = [_cell([r[k] for r in records], bool(records) and means[row][k] == best[k]) for k, _ in keys]
         lines.append(f"| {LABELS.get(row, row)} | {seeds or 'not run'} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -333,6 +355,8 @@ def main() -> None:
     for row in args.rows.split(","):
         if row not in ROWS:
             raise SystemExit(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
+        if row == "seedsoup":
+            seed_soup([int(s) for s in args.seeds.split(",")], out, mix=args.mix, grid=args.grid)
         for seed in [int(s) for s in args.seeds.split(",")] if row in TRAINED else [None]:
             if seed is not None:
                 train_row(row, seed, out, mix=args.mix, grid=args.grid)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from embforge.training.pipeline import load_pipeline, validate_pipeline
 from embforge.training.run import load_toml
@@ -106,3 +107,29 @@ def test_the_mpnet_recipe_validates_and_trains_what_the_minilm_recipe_trains():
     assert [(t.name, t.data, t.loss) for s in mpnet.stages for t in s.tasks] == [
         (t.name, t.data, t.loss) for s in minilm.stages for t in s.tasks
     ]
+
+
+def test_the_seed_soup_row_merges_the_recipes_seeds_with_equal_weights(tmp_path):
+    from embforge.encoder import Encoder
+    from tests.conftest import make_bert, make_tokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        _loo()
+        spec = importlib.util.spec_from_file_location(
+            "general_table", ROOT / "benchmarks" / "general_table.py"
+        )
+        assert spec is not None and spec.loader is not None
+        table = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(table)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    tokenizer = make_tokenizer()
+    for seed in (42, 43):  # stand-ins for two finished seeds of the recipe
+        model = Encoder(make_bert(len(tokenizer), seed=seed), tokenizer, pooling="mean", max_seq_length=64)
+        model.save(tmp_path / f"general-s{seed}" / "final")
+    table.seed_soup([42, 43], tmp_path, mix="unused", grid="unused")
+    soup = Encoder.load(tmp_path / "seedsoup").state_dict()
+    a, b = (Encoder.load(tmp_path / f"general-s{s}" / "final").state_dict() for s in (42, 43))
+    name = "backbone.encoder.layer.0.attention.self.query.weight"
+    torch.testing.assert_close(soup[name], (a[name] + b[name]) / 2, atol=1e-6, rtol=1e-5)
