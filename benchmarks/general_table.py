@@ -2,8 +2,8 @@
 
 Rows: ``base`` (all-MiniLM-L6-v2), ``teacher`` (all-mpnet-base-v2, ``make teacher``), ``specialist`` (the default
 recipe on STS-B train), ``merge`` (the specialist merged back into the base, weight chosen by ``embforge merge
---choose-on``), ``distill`` (``benchmarks/general_distill.toml``), ``general`` (``embforge/configs/general.toml``), ``seedsoup`` (the general recipe's ``--seeds`` merged with
-equal weights by ``embforge merge``: seed averaging).
+--choose-on``), ``distill`` (``benchmarks/general_distill.toml``), ``general`` (``embforge/configs/general.toml``),
+``seedsoup`` (the general recipe's ``--seeds`` merged with equal weights by ``embforge merge``: seed averaging).
 Trained rows are trained once per seed, by the CLI, into ``OUT/<row>-s<seed>``.
 
 Columns (``--split test``), embforge's own evaluators:
