@@ -330,12 +330,47 @@ def table(results: list[dict]) -> None:
     )
 
 
+def speed(args: argparse.Namespace) -> None:
+    """Training pairs/s only: embforge then pylate, back to back, ``--steps`` steps each (no evaluation)."""
+    from embforge.data.tables import read_table
+    from embforge.losses.late import MaxSimInfoNCELoss
+    from embforge.modeling.resolve import resolve_model_path
+    from embforge.multivector import MultiVectorEncoder
+    from embforge.training.loop import train
+    from embforge.training.tasks import Task
+
+    out = Path(args.out) / f"speed-{args.steps}-{args.seed}"
+    pairs_file = Path(args.out) / "pairs.jsonl"
+    minilm = resolve_model_path("all-MiniLM-L6-v2")
+    task = Task("scifact", read_table(pairs_file), MaxSimInfoNCELoss())
+    ours = train(
+        MultiVectorEncoder.load(minilm), [task], embforge_train_config(args, out / "embforge", args.seed)
+    )
+    flags = [
+        "--pairs",
+        str(pairs_file),
+        "--model",
+        str(minilm),
+        "--out",
+        str(out / "pylate"),
+        "--seed",
+        str(args.seed),
+    ]
+    flags += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
+    theirs = run_peer("--side", "pylate", *flags)
+    ratio = ours["pairs_per_second"] / theirs["pairs_per_second"]
+    report = {"embforge_pairs_s": ours["pairs_per_second"], "pylate_pairs_s": theirs["pairs_per_second"]}
+    print(json.dumps(report | {"ratio": ratio}), flush=True)
+
+
 def main() -> None:
     args = arguments()
     if args.side == "pylate":
         return pylate_train(args)
     if args.side == "plaid":
         return plaid_search(args)
+    if args.side == "speed":
+        return speed(args)
     from embforge.data.builtin.scifact import load_scifact
     from embforge.data.retrieval import training_pairs
     from embforge.modeling.resolve import resolve_model_path
