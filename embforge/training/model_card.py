@@ -128,7 +128,7 @@ def write_model_card(
         "|---|---|---:|---|---|---|---:|",
         *[_task_row(t) for t in tasks_info],
         "",
-        f"{sum(int(t.get('rows', 0)) for t in tasks_info):,} training rows in all.",
+        f"{_rows(_total_rows(tasks_info))} training rows in all.",
         "",
         "## Training hyper-parameters",
         "",
@@ -273,6 +273,11 @@ def _usage(root: Path, cross: bool) -> list[str]:
         "# or: sentence_transformers.SentenceTransformer(...).encode(...) with the same vectors",
         "```",
     ]
+
+
+def _total_rows(tasks_info: Sequence[Mapping[str, Any]]) -> int | None:
+    rows = [t.get("rows", 0) for t in tasks_info]
+    return None if None in rows else sum(int(r) for r in rows)
 
 
 def _rows(rows: int | None) -> str:
