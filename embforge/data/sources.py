@@ -42,6 +42,10 @@ MODES = ("memory", "mmap", "stream")
 DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet")
 LINE, FILE = "_line", "_file"  # where each row came from (kept in the Arrow cache, for error messages)
 SHOWN_BAD_ROWS = 5
+# rows per Arrow record batch in the cache: opening the cache touches each batch's first pages, and the kernel maps
+# up to 64 KB of cached file around each touch, so 1,000-row batches (datasets' default) put ~65 MB per million rows
+# of file pages into the process's RSS; 100,000-row batches, under 1 MB
+ARROW_BATCH_ROWS = 100_000
 
 
 @runtime_checkable
@@ -353,7 +357,9 @@ def open_source(name: str | os.PathLike, options: SourceOptions) -> Dataset | Ro
         stream = datasets.IterableDataset.from_generator(generator, gen_kwargs=kwargs)
         return StreamSource(stream, path=where, window=options.window)
     try:
-        table = datasets.Dataset.from_generator(generator, gen_kwargs=kwargs, cache_dir=options.cache_dir)
+        table = datasets.Dataset.from_generator(
+            generator, gen_kwargs=kwargs, cache_dir=options.cache_dir, writer_batch_size=ARROW_BATCH_ROWS
+        )
     except datasets.exceptions.DatasetGenerationError as err:
         cause = err.__cause__
         raise (cause if isinstance(cause, DataError) else err) from None
