@@ -7,7 +7,7 @@ The on-disk layout is sentence-transformers' (``modules.json``, ``1_Pooling/``, 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
@@ -24,14 +24,7 @@ from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
-from embforge.modeling.padding import (
-    BLOCK_TOKENS,
-    CHUNK_TOKENS,
-    in_length_chunks,
-    pad_ids,
-    sort_by_length,
-    token_chunks,
-)
+from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, token_chunks
 from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
 from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path
 from embforge.modeling.st_folder import (
@@ -53,7 +46,7 @@ if TYPE_CHECKING:
 
     from embforge.modeling.onnx_runtime import OnnxEncoder
 
-ENCODE_TOKENS = 16384  # real tokens per padding-free inference forward, at least (Encoder.embed_sorted)
+ENCODE_TOKENS = 16384  # real tokens per padding-free inference forward, at least (Encoder.batch_plan)
 
 
 class LoadOptions(TypedDict, total=False):
@@ -205,33 +198,21 @@ class Encoder(BatchEncoding, TransformerModule):
         return _inference(self)
 
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """One padded forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32."""
+        """One forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32 — the
+        padding-free forward where the backbone has one, else one padded batch."""
+        if self.packs_tokens:
+            return self(ids).float().cpu().numpy()
         batch_ids, mask = pad_ids(ids, self.pad_token_id, device=self.device, side=self.padding_side)
         return self._padded_forward(batch_ids, mask).float().cpu().numpy()
 
-    def embed_sorted(
-        self,
-        ids: Sequence[Sequence[int]],
-        *,
-        batch_size: int = 32,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> np.ndarray:
-        """Embed tokenised texts in input order. Backbones with a padding-free forward run it over length-sorted
-        chunks of up to ``max(batch_size × max_seq_length, ENCODE_TOKENS)`` real tokens: at least what a padded
-        batch of ``batch_size`` texts could hold, and enough that one forward carries hundreds of short texts
-        (the operations per forward are fixed, so per text they fall with the chunk; nothing is padded but
-        inside attention). Others: padded batches of ``batch_size`` texts."""
+    def batch_plan(self, lengths: Sequence[int], batch_size: int) -> list[range]:
+        """Padding-free backbones: length-sorted chunks of up to ``max(batch_size × max_seq_length,
+        ENCODE_TOKENS)`` real tokens — at least what a padded batch of ``batch_size`` texts could hold, and
+        enough that one forward carries hundreds of short texts (the operations per forward are fixed, so per
+        text they fall with the chunk; nothing is padded but inside attention). Others: ``batch_size`` texts."""
         if not self.packs_tokens:
-            return super().embed_sorted(ids, batch_size=batch_size, on_batch=on_batch)
-        budget = max(batch_size * self.max_seq_length, ENCODE_TOKENS)
-        order = sort_by_length(ids)
-        out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for rows in token_chunks([len(ids[i]) for i in order], budget):
-            chosen = [order[i] for i in rows]
-            out[chosen] = self([ids[i] for i in chosen], max_tokens=budget).float().cpu().numpy()
-            if on_batch is not None:
-                on_batch(len(chosen))
-        return out
+            return super().batch_plan(lengths, batch_size)
+        return token_chunks(lengths, max(batch_size * self.max_seq_length, ENCODE_TOKENS))
 
     # ------------------------------------------------------------------ persistence
     @overload

@@ -42,6 +42,14 @@ class BatchEncoding(PromptTokenizing):
         """The context :meth:`encode` runs its forward passes in (PyTorch: eval mode, no autograd)."""
         return nullcontext()
 
+    def batch_plan(self, lengths: Sequence[int], batch_size: int) -> list[range]:
+        """How :meth:`embed_sorted` cuts texts of these token ``lengths`` (sorted, longest first) into forward
+        passes: positions of each batch. Here fixed batches of ``batch_size`` texts; runtimes with a
+        padding-free forward fill batches by tokens (:meth:`embforge.encoder.Encoder.batch_plan`). Sharded
+        encoding splits the same plan across processes, so every forward is the one a single process runs."""
+        size = max(1, batch_size)
+        return [range(start, min(start + size, len(lengths))) for start in range(0, len(lengths), size)]
+
     def embed_sorted(
         self,
         ids: Sequence[Sequence[int]],
@@ -49,15 +57,15 @@ class BatchEncoding(PromptTokenizing):
         batch_size: int = 32,
         on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
-        """Embed tokenised texts in input order, in length-sorted batches of ``batch_size`` (``on_batch``: called
-        with each batch's size once it is embedded)."""
+        """Embed tokenised texts in input order, length-sorted and cut by :meth:`batch_plan` (``on_batch``:
+        called with each batch's size once it is embedded)."""
         order = sort_by_length(ids)
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for start in range(0, len(ids), batch_size):
-            rows = order[start : start + batch_size]
-            out[rows] = self.embed_batch([ids[i] for i in rows])
+        for rows in self.batch_plan([len(ids[i]) for i in order], batch_size):
+            chosen = [order[i] for i in rows]
+            out[chosen] = self.embed_batch([ids[i] for i in chosen])
             if on_batch is not None:
-                on_batch(len(rows))
+                on_batch(len(chosen))
         return out
 
     def encode(

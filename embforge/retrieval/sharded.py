@@ -3,11 +3,11 @@
 ``torchrun --nproc-per-node N -m embforge encode|index build|mine|eval retrieval ...`` wraps the model in a
 :class:`ShardedEncoder` (:func:`sharded`). Its ``encode`` gives the same vectors as one process, bit for bit:
 
-:meth:`embforge.encoder.Encoder.encode` sorts the texts by token length and cuts that order into batches of
-``batch_size``; a padded forward's output for a text depends on the other texts of its batch only through the
-padded width (and, in the last bits, the batch's shape), so each rank takes a contiguous range of whole
-batches of that same order, encodes it with the same batch boundaries, and the ranks exchange their rows
-(all-gather). Token lengths are counted in shares and exchanged too, so no rank tokenises the whole corpus
+:meth:`embforge.encoder.Encoder.encode` sorts the texts by token length and cuts that order into forward
+passes (``batch_plan``: batches of ``batch_size`` texts, or token-budget chunks for a padding-free forward); a
+forward's output for a text depends, in the last bits, on the other texts of its batch, so each rank takes a
+contiguous range of whole batches of that same plan, encodes it with the same batch boundaries (the plan is
+greedy from its first text), and the ranks exchange their rows (all-gather). Token lengths are counted in shares and exchanged too, so no rank tokenises the whole corpus
 twice.
 
 :func:`embforge.retrieval.corpus_cache.encode_corpus` with a sharded model splits each block this way; rank 0
@@ -17,7 +17,6 @@ Callers that write outputs (the CLI verbs) write them on rank 0 (:func:`embforge
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,8 +58,9 @@ class ShardedEncoder:
         local_lengths = [len(ids) for ids in model.tokenize_ids(texts[start:end], prefix=prefix)]
         lengths = [n for part in all_gather_objects(local_lengths) for n in part]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # Encoder.encode's (stable) order
-        first, last = spans_for(math.ceil(len(texts) / batch_size), self.shards)[me]
-        rows = order[first * batch_size : last * batch_size]
+        plan = model.batch_plan([lengths[i] for i in order], batch_size)  # the single process's forwards
+        first, last = spans_for(len(plan), self.shards)[me]
+        rows = order[plan[first].start : plan[last - 1].stop] if first < last else []
         on_batch = options.get("on_batch") if main else None
         if not main:
             options = {**options, "show_progress": False, "on_batch": None}
