@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -30,28 +30,14 @@ from embforge.multivector.search import MultiVectorIndex, create_multivector_ind
 require("fastapi")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
 
-
-class TokenEmbeddingRequest(BaseModel):
-    input: str | list[str]
-    model: str | None = None
-    input_type: Literal["document", "query"] = "document"
-
-
-class LateSearchRequest(BaseModel):
-    query: str | list[str]
-    top_k: int = Field(default=10, ge=1, le=1000)
-    return_text: bool = True
-
-
-class LateDocument(BaseModel):
-    id: str = Field(min_length=1)
-    text: str = Field(min_length=1)
-
-
-class LateDocumentsRequest(BaseModel):
-    documents: list[LateDocument]
+from embforge.serve.kind_api import (  # noqa: E402
+    KindDocumentsRequest,
+    KindEmbeddingRequest,
+    KindSearchRequest,
+    checked_texts,
+    error_response,
+)
 
 
 class _Corpus:
@@ -77,12 +63,6 @@ class _Corpus:
         return self.index.search(queries, min(k, len(self.ids)))
 
 
-def _error(status: int, message: str, param: str | None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": "invalid_request_error", "param": param}}, status_code=status
-    )
-
-
 def create_multivector_app(
     model: MultiVectorEncoder, *, name: str = "colbert", index: str = "exact", max_inputs: int = 2048
 ) -> Any:
@@ -96,16 +76,10 @@ def create_multivector_app(
             return model.encode(texts, is_query=is_query)
 
     def texts_of(items: str | list[str], field: str) -> list[str] | JSONResponse:
-        texts = [items] if isinstance(items, str) else list(items)
-        if not texts or len(texts) > max_inputs:
-            return _error(422, f"'{field}' must hold 1 to {max_inputs} texts, got {len(texts)}", field)
-        for i, text in enumerate(texts):
-            if not text.strip():
-                return _error(422, f"'{field}[{i}]' is empty", f"{field}[{i}]")
-        return texts
+        return checked_texts(items, field, max_inputs)
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: TokenEmbeddingRequest) -> Any:
+    async def embeddings(body: KindEmbeddingRequest) -> Any:
         texts = texts_of(body.input, "input")
         if isinstance(texts, JSONResponse):
             return texts
@@ -118,23 +92,23 @@ def create_multivector_app(
         return {"object": "list", "data": data, "model": name, "usage": {"total_tokens": used}}
 
     @app.post("/index/documents")
-    async def add_documents(body: LateDocumentsRequest) -> Any:
+    async def add_documents(body: KindDocumentsRequest) -> Any:
         ids = [d.id for d in body.documents]
         clash = sorted(set(ids) & set(corpus.ids)) or sorted(i for i, n in Counter(ids).items() if n > 1)
         if clash:
-            return _error(409, f"document id {clash[0]!r} is already in the index", "documents")
+            return error_response(409, f"document id {clash[0]!r} is already in the index", "documents")
         texts = [d.text for d in body.documents]
         matrices = await asyncio.to_thread(encode, texts, False)
         corpus.add(ids, texts, matrices)
         return {"added": len(ids), "total": len(corpus.ids)}
 
     @app.post("/search")
-    async def search(body: LateSearchRequest) -> Any:
+    async def search(body: KindSearchRequest) -> Any:
         queries = texts_of(body.query, "query")
         if isinstance(queries, JSONResponse):
             return queries
         if not corpus.ids:
-            return _error(409, "the index is empty; add documents with POST /index/documents", None)
+            return error_response(409, "the index is empty; add documents with POST /index/documents", None)
         matrices = await asyncio.to_thread(encode, queries, True)
         scores, ids = await asyncio.to_thread(corpus.search, matrices, body.top_k)
         position = {d: i for i, d in enumerate(corpus.ids)}
@@ -164,6 +138,6 @@ def create_multivector_app(
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, err: ValueError) -> JSONResponse:
-        return _error(422, str(err), None)
+        return error_response(422, str(err), None)
 
     return app

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from typing import Any, Literal
+from typing import Any
 
 import scipy.sparse as sp
 
@@ -30,34 +30,14 @@ from embforge.sparse.model import SparseEncoder
 require("fastapi")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
 
-
-class SparseEmbeddingRequest(BaseModel):
-    input: str | list[str]
-    model: str | None = None
-    input_type: Literal["document", "query"] = "document"
-
-
-class SparseSearchRequest(BaseModel):
-    query: str | list[str]
-    top_k: int = Field(default=10, ge=1, le=1000)
-    return_text: bool = True
-
-
-class SparseDocument(BaseModel):
-    id: str = Field(min_length=1)
-    text: str = Field(min_length=1)
-
-
-class SparseDocumentsRequest(BaseModel):
-    documents: list[SparseDocument]
-
-
-def _error(status: int, message: str, param: str | None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": "invalid_request_error", "param": param}}, status_code=status
-    )
+from embforge.serve.kind_api import (  # noqa: E402
+    KindDocumentsRequest,
+    KindEmbeddingRequest,
+    KindSearchRequest,
+    checked_texts,
+    error_response,
+)
 
 
 def sparse_items(vectors: sp.csr_matrix) -> list[dict[str, Any]]:
@@ -87,16 +67,10 @@ def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs:
             return model.encode_query(texts) if query else model.encode_document(texts)
 
     def texts_of(items: str | list[str], field: str) -> list[str] | JSONResponse:
-        texts = [items] if isinstance(items, str) else list(items)
-        if not texts or len(texts) > max_inputs:
-            return _error(422, f"'{field}' must hold 1 to {max_inputs} texts, got {len(texts)}", field)
-        for i, text in enumerate(texts):
-            if not text.strip():
-                return _error(422, f"'{field}[{i}]' is empty", f"{field}[{i}]")
-        return texts
+        return checked_texts(items, field, max_inputs)
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: SparseEmbeddingRequest) -> Any:
+    async def embeddings(body: KindEmbeddingRequest) -> Any:
         texts = texts_of(body.input, "input")
         if isinstance(texts, JSONResponse):
             return texts
@@ -108,11 +82,11 @@ def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs:
         return {"object": "list", "data": data, "model": name, "usage": {"active_dims": int(vectors.nnz)}}
 
     @app.post("/index/documents")
-    async def add_documents(body: SparseDocumentsRequest) -> Any:
+    async def add_documents(body: KindDocumentsRequest) -> Any:
         ids = [d.id for d in body.documents]
         clash = sorted(set(ids) & set(texts_by_id)) or sorted(i for i, n in Counter(ids).items() if n > 1)
         if clash:
-            return _error(409, f"document id {clash[0]!r} is already in the index", "documents")
+            return error_response(409, f"document id {clash[0]!r} is already in the index", "documents")
         texts = [d.text for d in body.documents]
         vectors = await asyncio.to_thread(encode, texts, False)
         with lock:
@@ -121,12 +95,12 @@ def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs:
         return {"added": len(ids), "total": len(index)}
 
     @app.post("/search")
-    async def search(body: SparseSearchRequest) -> Any:
+    async def search(body: KindSearchRequest) -> Any:
         queries = texts_of(body.query, "query")
         if isinstance(queries, JSONResponse):
             return queries
         if not len(index):
-            return _error(409, "the index is empty; add documents with POST /index/documents", None)
+            return error_response(409, "the index is empty; add documents with POST /index/documents", None)
         vectors = await asyncio.to_thread(encode, queries, True)
         scores, positions = await asyncio.to_thread(index.search, vectors, body.top_k)
         results = []
@@ -149,6 +123,6 @@ def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs:
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, err: ValueError) -> JSONResponse:
-        return _error(422, str(err), None)
+        return error_response(422, str(err), None)
 
     return app
