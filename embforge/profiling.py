@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.profiler import profile
 
 
 def aten_ops(fn: Callable[[], object]) -> Counter[str]:
@@ -19,6 +23,11 @@ def aten_ops(fn: Callable[[], object]) -> Counter[str]:
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
+    return _aten_events(prof)
+
+
+def _aten_events(prof: profile) -> Counter[str]:
+    """The ``aten::`` events a finished profile recorded, counted by name."""
     return Counter(event.name for event in prof.events() if event.name.startswith("aten::"))
 
 
@@ -41,7 +50,7 @@ def step_ops(run: Callable[[Callable[[int], None]], object], *, step: int = 2) -
             prof.start()
         elif done == step:
             prof.stop()
-            counted.append(sum(1 for event in prof.events() if event.name.startswith("aten::")))
+            counted.append(sum(_aten_events(prof).values()))
 
     run(on_step)
     if not counted:
