@@ -9,7 +9,10 @@ pairs, CoSENT, AdamW.
 - embforge step: the operations between the end of step 1 and the end of step 2 of ``train()``;
 - sentence-transformers step: the second of two hand-written steps — tokenize, forward of both columns,
   ``CoSENTLoss``, backward, ``AdamW.step`` (fused, as its trainer's default on this torch), ``zero_grad``;
-- encode: ``encode()`` of N STS-B test sentences at each library's default batch size.
+- encode: ``encode()`` of N STS-B test sentences at each library's default batch size (embforge counted with an
+  accelerator's token budget, ``encode_tokens = ENCODE_TOKENS``; a CPU's default chunks are cache-sized).
+
+A second table times embforge's step with and without dropout (the keyed hash masks' cost; one thread).
 
     .venv/bin/python benchmarks/bench_ops.py
 """
@@ -17,14 +20,17 @@ pairs, CoSENT, AdamW.
 from __future__ import annotations
 
 import argparse
+import itertools
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 from embforge.data.paths import data_root
 from embforge.data.tables import read_table
-from embforge.encoder import Encoder
+from embforge.encoder import ENCODE_TOKENS, Encoder
 from embforge.losses import get_loss
 from embforge.modeling.resolve import resolve_model_path
 from embforge.profiling import op_count, step_ops
@@ -58,6 +64,22 @@ def embforge_step(path: Path, data, batch: int, out: Path) -> int:
     )
 
 
+def embforge_step_seconds(path: Path, data, batch: int, out: Path, steps: int = 13) -> float:
+    """Median wall seconds of steps 2..``steps`` (one thread): the hash dropout's cost beside no dropout."""
+    model = Encoder.load(path)
+    config = TrainConfig(
+        output=str(out), max_steps=steps, batch_size=batch, save_every=0, log_every=1000, quiet=True, amp="no"
+    )
+    marks: list[float] = []
+    train(
+        model,
+        [Task("stsb", data, get_loss("cosent"))],
+        config,
+        on_step=lambda _: marks.append(time.perf_counter()),
+    )
+    return statistics.median(b - a for a, b in itertools.pairwise(marks))
+
+
 def peer_step(path: Path, data, batch: int) -> int:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.losses import CoSENTLoss
@@ -84,6 +106,7 @@ def encode_ops(path: Path, texts: list[str]) -> tuple[int, int]:
     from sentence_transformers import SentenceTransformer
 
     ours, peer = Encoder.load(path), SentenceTransformer(str(path), device="cpu")
+    ours.encode_tokens = ENCODE_TOKENS  # an accelerator's plan (on a CPU the default chunks are cache-sized)
     ours.encode(texts[:8], show_progress=False)  # warm both up
     peer.encode(texts[:8])
     return (
@@ -102,7 +125,7 @@ def main() -> None:
     data = read_table(root / "stsb-en-train.csv")
     test = read_table(root / "stsb-en-test.csv").columns["sentence1"]
     sizes = [int(x) for x in args.batches.split(",")]
-    rows = []
+    rows, seconds = [], {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         for dropout in (0.1, 0.0):
@@ -111,6 +134,9 @@ def main() -> None:
                 ours = embforge_step(path, data, batch, folder / f"run-{dropout}-{batch}")
                 peer = peer_step(path, data, batch)
                 rows.append((f"training step, CoSENT, dropout {dropout}", batch, ours, peer))
+                seconds[dropout, batch] = embforge_step_seconds(
+                    path, data, batch, folder / f"time-{dropout}-{batch}"
+                )
         path = tiny_minilm(folder, 0.1)
         for n in sizes:
             ours, peer = encode_ops(path, list(test[:n]))
@@ -119,6 +145,13 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for what, size, ours, peer in rows:
         print(f"| {what} | {size} | {ours:,} | {peer:,} | {ours / peer:.2f}x |")
+    print(
+        "\n| embforge step, one thread (median of 12) | batch | dropout 0.1 (ms) | dropout 0 (ms) | ratio |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for batch in sizes:
+        on, off = seconds[0.1, batch], seconds[0.0, batch]
+        print(f"| tiny model, CoSENT | {batch} | {on * 1e3:.1f} | {off * 1e3:.1f} | {on / off:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -118,9 +118,8 @@ def test_corpus_bar_moves_per_batch(tiny_encoder, tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr("embforge.retrieval.corpus_cache.progress_bar", lambda **kwargs: Recorder())
-    # the padding-free encode fills each forward up to max(batch_size x max_seq_length, ENCODE_TOKENS) tokens:
-    # with a floor of 1 and batch_size 1, 64 tokens per forward (the tiny model's max length)
-    monkeypatch.setattr("embforge.encoder.ENCODE_TOKENS", 1)
+    # the padding-free encode fills each forward up to the model's token budget: 64 tokens here
+    monkeypatch.setattr(tiny_encoder, "encode_tokens", 64)
     texts = [f"a cat number {'and a dog ' * (i % 5)}" for i in range(10)]
     emb = encode_corpus(tiny_encoder, texts, [str(i) for i in range(10)], tmp_path / "c", batch_size=1)
     lengths = sorted((len(ids) for ids in tiny_encoder.tokenize_ids(texts)), reverse=True)

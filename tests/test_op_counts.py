@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from embforge import Task, TrainConfig, get_loss, read_table, train
-from embforge.encoder import Encoder
+from embforge.encoder import CPU_ENCODE_TOKENS, ENCODE_TOKENS, Encoder
 from embforge.losses.cross import get_cross_loss
 from embforge.profiling import op_count, step_ops
 from tests.conftest import WORDS, make_bert, make_cross_encoder, make_tokenizer
@@ -109,9 +109,19 @@ def test_cached_step_work_per_mini_batch_is_constant(tmp_path):
 
 
 def test_encode_ops_do_not_grow_with_the_number_of_texts():
+    """Counted with an accelerator's token budget (a CPU's default chunks are cache-sized, so they are more)."""
     model = _bi_encoder(True)
+    model.encode_tokens = ENCODE_TOKENS
     rng = random.Random(1)
     texts = [_sentence(rng) for _ in range(512)]
     small = op_count(lambda: model.encode(texts[:64], show_progress=False))
     large = op_count(lambda: model.encode(texts, show_progress=False))
     assert large <= SLACK * small, f"encode: {large} ops for 512 texts vs {small} for 64"
+
+
+def test_encode_budget_by_device():
+    model = _bi_encoder(False)
+    assert model.encode_budget(32) == CPU_ENCODE_TOKENS
+    model.encode_tokens = 4096
+    assert model.encode_budget(32) == 4096
+    assert [len(r) for r in model.batch_plan([1000, 1000, 1000, 1000, 1000], 32)] == [4, 1]

@@ -36,11 +36,13 @@ def dropped_attention(
     chunk = max(1, budget // max(1, rows * width))
     # (texts * heads, ., .) matrices, copied once here (q, k, v arrive as views of a permuted block)
     q3, k3, v3 = (x.reshape(texts * heads, *x.shape[2:]) for x in (q, k, v))
-    padding = None
+    # padding as an additive bias (0 or -inf per key): scores = bias + scale · q kᵀ in one baddbmm
+    bias = q.new_zeros(texts, heads, 1, width)
     if key_mask is not None:
-        padding = (~key_mask).expand(texts, heads, 1, width).reshape(texts * heads, 1, width)
+        bias.masked_fill_(~key_mask, float("-inf"))
+    bias3 = bias.view(texts * heads, 1, width)
     drop3 = drop.reshape(texts * heads, rows, width)
-    out = _DroppedAttention.apply(q3, k3, v3, padding, drop3, keep_scale, scale, chunk)
+    out = _DroppedAttention.apply(q3, k3, v3, bias3, drop3, keep_scale, scale, chunk)
     return out.view(texts, heads, rows, v.shape[-1])
 
 
@@ -70,11 +72,8 @@ def _parts(n: int, chunk: int, *tensors: Tensor | None) -> list[tuple[Tensor | N
     return [tuple(None if t is None else t[s : s + chunk] for t in tensors) for s in range(0, n, chunk)]
 
 
-def _probabilities(q: Tensor, k: Tensor, padding: Tensor | None, scale: float) -> Tensor:
-    scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
-    if padding is not None:
-        scores.masked_fill_(padding, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+def _probabilities(q: Tensor, k: Tensor, bias: Tensor, scale: float) -> Tensor:
+    return torch.softmax(torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale), dim=-1)
 
 
 class _DroppedAttention(torch.autograd.Function):
@@ -87,35 +86,37 @@ class _DroppedAttention(torch.autograd.Function):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        padding: Tensor | None,
+        bias: Tensor,
         drop: Tensor,
         keep_scale: float,
         scale: float,
         chunk: int,
     ) -> Tensor:
-        outputs = []
-        for qc, kc, vc, pc, dc in _parts(q.shape[0], chunk, q, k, v, padding, drop):
-            assert qc is not None and kc is not None and vc is not None and dc is not None
-            probs = _probabilities(qc, kc, pc, scale).masked_fill_(dc, 0.0)
-            outputs.append(torch.bmm(probs, vc))
-        ctx.save_for_backward(q, k, v, drop)
-        ctx.padding, ctx.keep_scale, ctx.scale, ctx.chunk = padding, keep_scale, scale, chunk  # type: ignore[attr-defined]
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+        for oc, qc, kc, vc, bc, dc in _parts(q.shape[0], chunk, out, q, k, v, bias, drop):
+            assert oc is not None and qc is not None and kc is not None and vc is not None and dc is not None
+            assert bc is not None
+            probs = _probabilities(qc, kc, bc, scale).masked_fill_(dc, 0.0)
+            torch.bmm(probs, vc, out=oc)
+        ctx.save_for_backward(q, k, v, bias, drop)
+        ctx.keep_scale, ctx.scale, ctx.chunk = keep_scale, scale, chunk  # type: ignore[attr-defined]
         return out.mul_(keep_scale)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        q, k, v, drop = ctx.saved_tensors  # type: ignore[attr-defined]
-        scale, chunk = ctx.scale, ctx.chunk  # type: ignore[attr-defined]
-        grad = grad * ctx.keep_scale  # type: ignore[attr-defined]
-        dq, dk, dv = [], [], []
-        for qc, kc, vc, pc, dc, gc in _parts(q.shape[0], chunk, q, k, v, ctx.padding, drop, grad):  # type: ignore[attr-defined]
+        q, k, v, bias, drop = ctx.saved_tensors  # type: ignore[attr-defined]
+        keep_scale, scale, chunk = ctx.keep_scale, ctx.scale, ctx.chunk  # type: ignore[attr-defined]
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # softmax's backward is linear in its incoming gradient, so keep_scale joins scale there and dv's
+        # product (no scaled copy of ``grad``)
+        parts = _parts(q.shape[0], chunk, q, k, v, bias, drop, grad, dq, dk, dv)
+        for qc, kc, vc, bc, dc, gc, dqc, dkc, dvc in parts:
             assert qc is not None and kc is not None and vc is not None and dc is not None and gc is not None
-            probs = _probabilities(qc, kc, pc, scale)
-            dv.append(torch.bmm(probs.masked_fill(dc, 0.0).transpose(1, 2), gc))
+            assert dqc is not None and dkc is not None and dvc is not None and bc is not None
+            probs = _probabilities(qc, kc, bc, scale)
+            torch.bmm(probs.masked_fill(dc, 0.0).transpose(1, 2), gc, out=dvc).mul_(keep_scale)
             dprobs = torch.bmm(gc, vc.transpose(1, 2)).masked_fill_(dc, 0.0)
-            dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).mul_(scale)
-            dq.append(torch.bmm(dscores, kc))
-            dk.append(torch.bmm(dscores.transpose(1, 2), qc))
-        joined = [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in (dq, dk, dv)]
-        return joined[0], joined[1], joined[2], None, None, None, None, None
+            dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).mul_(scale * keep_scale)
+            torch.bmm(dscores, kc, out=dqc)
+            torch.bmm(dscores.transpose(1, 2), qc, out=dkc)
+        return dq, dk, dv, None, None, None, None, None
