@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.data.texts import is_blank
+from embforge.kinds import ModelKind, kind_of
 from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
@@ -126,6 +127,291 @@ def _encoded(vectors: np.ndarray, encoding_format: str, ranges: np.ndarray | Non
     return [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
 
 
+class _Server:
+    """What the endpoints share (settings, the served models, the document store, the metrics) and the endpoints
+    themselves as methods; :func:`create_app` routes to them (:meth:`routes`)."""
+
+    def __init__(
+        self, cfg: ServeConfig, models: ModelSet, store: DocumentStore | None, metrics: Metrics
+    ) -> None:
+        self.cfg = cfg
+        self.models = models
+        self.store = store
+        self.metrics = metrics
+        self.default = next(iter(models.embedders.values()))
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Start the batching workers; at shutdown finish queued requests and save the store."""
+        self.models.start()
+        try:
+            yield
+        finally:
+            await self.models.stop()
+            if self.store is not None:
+                await asyncio.to_thread(self.store.close)
+
+    def routes(self) -> list[tuple[str, str, Callable[..., Any]]]:
+        """``(method, path, endpoint)`` of every endpoint."""
+        return [
+            ("POST", "/v1/embeddings", self.embeddings),
+            ("POST", "/rerank", self.rerank),
+            ("POST", "/similarity", self.similarity),
+            ("POST", "/search", self.search),
+            ("POST", "/index/documents", self.add_documents),
+            ("GET", "/health", self.health),
+            ("GET", "/v1/models", self.list_models),
+            ("GET", "/metrics", self.metrics_text),
+        ]
+
+    def check_texts(self, texts: list[str], field: str) -> list[str]:
+        if not texts:
+            raise ApiError(422, f"'{field}' must not be empty", field)
+        if len(texts) > self.cfg.max_inputs:
+            raise ApiError(
+                413, f"'{field}' has {len(texts)} items; the limit is {self.cfg.max_inputs}", field
+            )
+        out = []
+        for i, text in enumerate(texts):
+            if is_blank(text):  # the readers' rule too (data/texts.py)
+                message = f"'{field}[{i}]' is empty (only whitespace or invisible characters)"
+                raise ApiError(422, message, f"{field}[{i}]")
+            found = invalid_value(text, f"{field}[{i}]")
+            if found is not None:
+                raise ApiError(422, found[1], found[0])
+            if len(text) > self.cfg.max_chars:
+                if not self.cfg.truncate:
+                    raise ApiError(
+                        413,
+                        f"'{field}[{i}]' has {len(text)} characters; the limit is {self.cfg.max_chars} "
+                        "(start the server with --truncate to cut long texts instead)",
+                        f"{field}[{i}]",
+                    )
+                text = text[: self.cfg.max_chars]
+            out.append(text)
+        return out
+
+    async def run(self, served: ServedModel, items: list[Any], costs: list[int]) -> Any:
+        try:
+            return await asyncio.wait_for(served.batcher.submit(items, costs), self.cfg.request_timeout_s)
+        except QueueFull as err:
+            raise ApiError(
+                429, f"model {served.name!r} is overloaded ({err}); retry later", "model", "overloaded"
+            ) from err
+        except asyncio.TimeoutError as err:
+            raise ApiError(
+                503,
+                f"the model did not answer within {self.cfg.request_timeout_s} s; retry later",
+                None,
+                "timeout",
+            ) from err
+
+    async def embed(
+        self, texts: list[str], served: ServedModel | None = None
+    ) -> tuple[np.ndarray, list[int]]:
+        """Vectors and token counts of ``texts``: tokenised here (the batch cost), embedded in token batches."""
+        served = served or self.default
+        if sum(len(t) for t in texts) > 20_000:  # a long request is tokenised off the event loop
+            ids = await asyncio.to_thread(served.model.tokenize_ids, texts)
+        else:
+            ids = served.model.tokenize_ids(texts)
+        lengths = [len(x) for x in ids]
+        return await self.run(served, ids, lengths), lengths
+
+    def prefix(self, served: ServedModel, name: str | None, field: str = "prompt_name") -> str:
+        if name is None:
+            return ""
+        prompts = dict(getattr(served.model, "prompts", {}) or {})
+        if name not in prompts:
+            known = ", ".join(sorted(prompts)) or "none"
+            raise ApiError(422, f"unknown prompt name {name!r}; this model has: {known}", field)
+        return prompts[name]
+
+    async def embeddings(self, body: EmbeddingRequest) -> Response:
+        served = self.models.embedder(body.model)
+        inputs = [body.input] if isinstance(body.input, str) else body.input
+        _check_body(body, input=inputs)
+        texts = self.check_texts(inputs, "input")
+        dim = int(served.model.dim)
+        if body.dimensions is not None and not 0 < body.dimensions <= dim:
+            raise ApiError(
+                422, f"'dimensions' must be between 1 and {dim}, got {body.dimensions}", "dimensions"
+            )
+        cut = body.dimensions is not None and body.dimensions < dim
+        scalar = body.encoding_format in ("int8", "uint8")
+        if scalar and (served.ranges is None or cut):
+            why = (
+                "with 'dimensions' (its calibration ranges are for full vectors)"
+                if cut
+                else "for this model: it has no calibration ranges (start the server with --calibration FILE)"
+            )
+            raise ApiError(
+                422, f"'encoding_format' {body.encoding_format} is not available {why}", "encoding_format"
+            )
+        start = self.prefix(served, body.prompt_name)
+        vectors, tokens = await self.embed([start + t for t in texts] if start else texts, served)
+        if cut:
+            vectors = vectors[:, : body.dimensions]
+            if getattr(served.model, "normalize", False):
+                vectors = _l2(vectors)
+        data = _encoded(np.ascontiguousarray(vectors, dtype=np.float32), body.encoding_format, served.ranges)
+        used = int(sum(tokens))
+        return _json(
+            {
+                "object": "list",
+                "data": data,
+                "model": served.name,
+                "usage": {"prompt_tokens": used, "total_tokens": used},
+            }
+        )
+
+    async def rerank(self, body: RerankRequest) -> dict[str, Any]:
+        served = self.models.reranker(body.model)
+        _check_body(body)
+        field = "documents" if body.documents is not None else "texts"
+        raw: list[Any] = body.documents if body.documents is not None else (body.texts or [])
+        docs = []
+        for i, doc in enumerate(raw):
+            text = doc.get("text") if isinstance(doc, dict) else doc
+            if not isinstance(text, str):
+                raise ApiError(
+                    422, f"'{field}[{i}]' must be a string or an object with a 'text' string", f"{field}[{i}]"
+                )
+            docs.append(text)
+        docs = self.check_texts(docs, field)
+        query = self.check_texts([body.query], "query")[0]
+        costs = pair_costs(served.model, query, docs)
+        scores = await self.run(served, [(query, d) for d in docs], costs)
+        scores = np.asarray(scores, dtype=np.float32).reshape(len(docs), -1)[:, -1]
+        order = np.argsort(-scores, kind="stable")[: body.top_n]
+        results = []
+        for i in order:
+            item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+            if body.return_documents:
+                item["document"] = {"text": docs[i]}
+            results.append(item)
+        return {"model": served.name, "results": results}
+
+    async def similarity(self, body: SimilarityRequest) -> dict[str, Any]:
+        served = self.models.embedder(body.model)
+        if not body.pairs:
+            raise ApiError(422, "'pairs' must not be empty", "pairs")
+        _check_body(body)
+        unique = list(dict.fromkeys(t for pair in body.pairs for t in pair))
+        self.check_texts(unique, "pairs")
+        vectors, _ = await self.embed(unique, served)
+        vectors = _l2(np.asarray(vectors, dtype=np.float32))
+        pos = {t: i for i, t in enumerate(unique)}
+        scores = [float(vectors[pos[a]] @ vectors[pos[b]]) for a, b in body.pairs]
+        return {"model": served.name, "scores": scores}
+
+    def need_store(self) -> DocumentStore:
+        if self.store is None:
+            raise ApiError(
+                501, "no index is loaded; start the server with --index DIR", None, "not_available"
+            )
+        return self.store
+
+    async def search(self, body: SearchRequest) -> dict[str, Any]:
+        docs = self.need_store()
+        queries = [body.query] if isinstance(body.query, str) else body.query
+        _check_body(body, query=queries)
+        queries = self.check_texts(queries, "query")
+        start = self.default.model.prompts.get("query", "")
+        vectors, _ = await self.embed([start + q for q in queries])
+        k = body.top_k or self.cfg.default_top_k
+        hits = await asyncio.to_thread(docs.search, vectors, k, with_text=body.return_text)
+        return {
+            "model": self.default.name,
+            "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)],
+        }
+
+    async def add_documents(self, body: AddDocumentsRequest) -> dict[str, Any]:
+        docs = self.need_store()
+        _check_body(body)
+        texts = self.check_texts([d.text for d in body.documents], "documents")
+        ids = [d.id for d in body.documents]
+        dup = docs.duplicates(ids)
+        if dup:  # cheap early answer; the store checks again, atomically, when it writes
+            raise _conflict(dup[0], ids[dup[0]])
+        prompts = self.default.model.prompts
+        start = prompts.get("document") or prompts.get("passage") or ""
+        vectors, _ = await self.embed([start + t for t in texts])
+        items = [{"id": d.id, "text": t, "fields": d.fields} for d, t in zip(body.documents, texts)]
+        try:
+            await asyncio.to_thread(docs.add, items, vectors)
+        except DuplicateIdError as err:
+            raise _conflict(err.position, err.key) from err
+        return {"added": len(items), "total": len(docs)}
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": self.default.name,
+            "dim": self.default.dim,
+            "backend": self.default.backend,
+            "reranker": bool(self.models.rerankers),
+            "models": [m.name for m in self.models.all()],
+            "documents": len(self.store) if self.store is not None else None,
+        }
+
+    async def list_models(self) -> dict[str, Any]:
+        return self.models.listing()
+
+    async def metrics_text(self) -> PlainTextResponse:
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _other_kind_app(
+    model: Any | Mapping[str, Any], store: DocumentStore | None, cfg: ServeConfig
+) -> Any | None:
+    """The app of a multi-vector (token vectors, MaxSim) or sparse (SPLADE) model, else None (a dense embedder)."""
+    only = next(iter(model.values())) if isinstance(model, Mapping) and len(model) == 1 else model
+    if isinstance(only, Mapping):
+        return None
+    name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
+    if kind_of(only) == ModelKind.MULTIVECTOR:
+        from embforge.multivector.serve import create_multivector_app
+
+        if store is not None:
+            raise ValueError(
+                "a multi-vector model keeps its search documents in memory (POST /index/documents); "
+                "--index folders hold one vector per document: serve it without --index"
+            )
+        return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
+    if kind_of(only) == ModelKind.SPARSE:  # {indices, values} embeddings and an inverted index
+        from embforge.sparse.serve import create_sparse_app
+
+        if store is not None:
+            raise ValueError(
+                "a sparse model keeps its search documents in an in-memory inverted index (POST "
+                "/index/documents); --index folders hold dense vectors: serve it without --index"
+            )
+        return create_sparse_app(only, name=name, max_inputs=cfg.max_inputs)
+    return None
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": {"message", "type", "param"}}``, the framework's own 4xx included."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> Response:
+        return _error(err.status, err.message, err.param, err.kind)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> Response:
+        """The framework's own 4xx (unknown path, wrong method, a body that is not UTF-8 JSON) in our format."""
+        message = err.detail if isinstance(err.detail, str) else str(err.detail)
+        if err.status_code == 400 and "parsing the body" in message:
+            message = "the body could not be read as JSON (it must be UTF-8 encoded JSON)"
+        return _error(err.status_code, message, "body" if err.status_code == 400 else None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> Response:
+        message, param = validation_message(err.errors())
+        return _error(422, message, param)
+
+
 def create_app(
     model: Any | Mapping[str, Any],
     *,
@@ -151,30 +437,9 @@ def create_app(
         saves the store.
     """
     cfg = config or ServeConfig()
-    from embforge.kinds import ModelKind, kind_of
-
-    only = next(iter(model.values())) if isinstance(model, Mapping) and len(model) == 1 else model
-    if not isinstance(only, Mapping) and kind_of(only) == ModelKind.MULTIVECTOR:  # token vectors, MaxSim
-        from embforge.multivector.serve import create_multivector_app
-
-        if store is not None:
-            raise ValueError(
-                "a multi-vector model keeps its search documents in memory (POST /index/documents); "
-                "--index folders hold one vector per document: serve it without --index"
-            )
-        name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
-        return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
-    # a sparse (SPLADE) model: {indices, values} embeddings and an inverted index (embforge.sparse.serve)
-    if not isinstance(only, Mapping) and kind_of(only) == ModelKind.SPARSE:
-        from embforge.sparse.serve import create_sparse_app
-
-        if store is not None:
-            raise ValueError(
-                "a sparse model keeps its search documents in an in-memory inverted index (POST "
-                "/index/documents); --index folders hold dense vectors: serve it without --index"
-            )
-        name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
-        return create_sparse_app(only, name=name, max_inputs=cfg.max_inputs)
+    other = _other_kind_app(model, store, cfg)
+    if other is not None:
+        return other
     metrics = Metrics()
     embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
     rerankers: dict[str, Any] = {}
@@ -183,238 +448,14 @@ def create_app(
     elif reranker is not None:
         rerankers = {cfg.reranker_name or "reranker": reranker}
     models = ModelSet(embedders, rerankers, cfg, ranges=ranges, on_batch=metrics.observe_batch)
-    default = next(iter(models.embedders.values()))
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        models.start()
-        try:
-            yield
-        finally:
-            await models.stop()
-            if store is not None:
-                await asyncio.to_thread(store.close)
-
-    app = FastAPI(title="embforge", lifespan=lifespan)
+    server = _Server(cfg, models, store, metrics)
+    app = FastAPI(title="embforge", lifespan=server.lifespan)
     app.state.metrics = metrics
     app.state.store = store
     app.state.models = models
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError) -> Response:
-        return _error(err.status, err.message, err.param, err.kind)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, err: HTTPException) -> Response:
-        """The framework's own 4xx (unknown path, wrong method, a body that is not UTF-8 JSON) in our format."""
-        message = err.detail if isinstance(err.detail, str) else str(err.detail)
-        if err.status_code == 400 and "parsing the body" in message:
-            message = "the body could not be read as JSON (it must be UTF-8 encoded JSON)"
-        return _error(err.status_code, message, "body" if err.status_code == 400 else None)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError) -> Response:
-        message, param = validation_message(err.errors())
-        return _error(422, message, param)
-
-    def check_texts(texts: list[str], field: str) -> list[str]:
-        if not texts:
-            raise ApiError(422, f"'{field}' must not be empty", field)
-        if len(texts) > cfg.max_inputs:
-            raise ApiError(413, f"'{field}' has {len(texts)} items; the limit is {cfg.max_inputs}", field)
-        out = []
-        for i, text in enumerate(texts):
-            if is_blank(text):  # the readers' rule too (data/texts.py)
-                message = f"'{field}[{i}]' is empty (only whitespace or invisible characters)"
-                raise ApiError(422, message, f"{field}[{i}]")
-            found = invalid_value(text, f"{field}[{i}]")
-            if found is not None:
-                raise ApiError(422, found[1], found[0])
-            if len(text) > cfg.max_chars:
-                if not cfg.truncate:
-                    raise ApiError(
-                        413,
-                        f"'{field}[{i}]' has {len(text)} characters; the limit is {cfg.max_chars} "
-                        "(start the server with --truncate to cut long texts instead)",
-                        f"{field}[{i}]",
-                    )
-                text = text[: cfg.max_chars]
-            out.append(text)
-        return out
-
-    async def run(served: ServedModel, items: list[Any], costs: list[int]) -> Any:
-        try:
-            return await asyncio.wait_for(served.batcher.submit(items, costs), cfg.request_timeout_s)
-        except QueueFull as err:
-            raise ApiError(
-                429, f"model {served.name!r} is overloaded ({err}); retry later", "model", "overloaded"
-            ) from err
-        except asyncio.TimeoutError as err:
-            raise ApiError(
-                503,
-                f"the model did not answer within {cfg.request_timeout_s} s; retry later",
-                None,
-                "timeout",
-            ) from err
-
-    async def embed(texts: list[str], served: ServedModel | None = None) -> tuple[np.ndarray, list[int]]:
-        """Vectors and token counts of ``texts``: tokenised here (the batch cost), embedded in token batches."""
-        served = served or default
-        if sum(len(t) for t in texts) > 20_000:  # a long request is tokenised off the event loop
-            ids = await asyncio.to_thread(served.model.tokenize_ids, texts)
-        else:
-            ids = served.model.tokenize_ids(texts)
-        lengths = [len(x) for x in ids]
-        return await run(served, ids, lengths), lengths
-
-    def prefix(served: ServedModel, name: str | None, field: str = "prompt_name") -> str:
-        if name is None:
-            return ""
-        prompts = dict(getattr(served.model, "prompts", {}) or {})
-        if name not in prompts:
-            known = ", ".join(sorted(prompts)) or "none"
-            raise ApiError(422, f"unknown prompt name {name!r}; this model has: {known}", field)
-        return prompts[name]
-
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> Response:
-        served = models.embedder(body.model)
-        inputs = [body.input] if isinstance(body.input, str) else body.input
-        _check_body(body, input=inputs)
-        texts = check_texts(inputs, "input")
-        dim = int(served.model.dim)
-        if body.dimensions is not None and not 0 < body.dimensions <= dim:
-            raise ApiError(
-                422, f"'dimensions' must be between 1 and {dim}, got {body.dimensions}", "dimensions"
-            )
-        cut = body.dimensions is not None and body.dimensions < dim
-        scalar = body.encoding_format in ("int8", "uint8")
-        if scalar and (served.ranges is None or cut):
-            why = (
-                "with 'dimensions' (its calibration ranges are for full vectors)"
-                if cut
-                else "for this model: it has no calibration ranges (start the server with --calibration FILE)"
-            )
-            raise ApiError(
-                422, f"'encoding_format' {body.encoding_format} is not available {why}", "encoding_format"
-            )
-        start = prefix(served, body.prompt_name)
-        vectors, tokens = await embed([start + t for t in texts] if start else texts, served)
-        if cut:
-            vectors = vectors[:, : body.dimensions]
-            if getattr(served.model, "normalize", False):
-                vectors = _l2(vectors)
-        data = _encoded(np.ascontiguousarray(vectors, dtype=np.float32), body.encoding_format, served.ranges)
-        used = int(sum(tokens))
-        return _json(
-            {
-                "object": "list",
-                "data": data,
-                "model": served.name,
-                "usage": {"prompt_tokens": used, "total_tokens": used},
-            }
-        )
-
-    @app.post("/rerank")
-    async def rerank(body: RerankRequest) -> dict[str, Any]:
-        served = models.reranker(body.model)
-        _check_body(body)
-        field = "documents" if body.documents is not None else "texts"
-        raw: list[Any] = body.documents if body.documents is not None else (body.texts or [])
-        docs = []
-        for i, doc in enumerate(raw):
-            text = doc.get("text") if isinstance(doc, dict) else doc
-            if not isinstance(text, str):
-                raise ApiError(
-                    422, f"'{field}[{i}]' must be a string or an object with a 'text' string", f"{field}[{i}]"
-                )
-            docs.append(text)
-        docs = check_texts(docs, field)
-        query = check_texts([body.query], "query")[0]
-        costs = pair_costs(served.model, query, docs)
-        scores = await run(served, [(query, d) for d in docs], costs)
-        scores = np.asarray(scores, dtype=np.float32).reshape(len(docs), -1)[:, -1]
-        order = np.argsort(-scores, kind="stable")[: body.top_n]
-        results = []
-        for i in order:
-            item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
-            if body.return_documents:
-                item["document"] = {"text": docs[i]}
-            results.append(item)
-        return {"model": served.name, "results": results}
-
-    @app.post("/similarity")
-    async def similarity(body: SimilarityRequest) -> dict[str, Any]:
-        served = models.embedder(body.model)
-        if not body.pairs:
-            raise ApiError(422, "'pairs' must not be empty", "pairs")
-        _check_body(body)
-        unique = list(dict.fromkeys(t for pair in body.pairs for t in pair))
-        check_texts(unique, "pairs")
-        vectors, _ = await embed(unique, served)
-        vectors = _l2(np.asarray(vectors, dtype=np.float32))
-        pos = {t: i for i, t in enumerate(unique)}
-        scores = [float(vectors[pos[a]] @ vectors[pos[b]]) for a, b in body.pairs]
-        return {"model": served.name, "scores": scores}
-
-    def need_store() -> DocumentStore:
-        if store is None:
-            raise ApiError(
-                501, "no index is loaded; start the server with --index DIR", None, "not_available"
-            )
-        return store
-
-    @app.post("/search")
-    async def search(body: SearchRequest) -> dict[str, Any]:
-        docs = need_store()
-        queries = [body.query] if isinstance(body.query, str) else body.query
-        _check_body(body, query=queries)
-        queries = check_texts(queries, "query")
-        start = default.model.prompts.get("query", "")
-        vectors, _ = await embed([start + q for q in queries])
-        k = body.top_k or cfg.default_top_k
-        hits = await asyncio.to_thread(docs.search, vectors, k, with_text=body.return_text)
-        return {"model": default.name, "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)]}
-
-    @app.post("/index/documents")
-    async def add_documents(body: AddDocumentsRequest) -> dict[str, Any]:
-        docs = need_store()
-        _check_body(body)
-        texts = check_texts([d.text for d in body.documents], "documents")
-        ids = [d.id for d in body.documents]
-        dup = docs.duplicates(ids)
-        if dup:  # cheap early answer; the store checks again, atomically, when it writes
-            raise _conflict(dup[0], ids[dup[0]])
-        prompts = default.model.prompts
-        start = prompts.get("document") or prompts.get("passage") or ""
-        vectors, _ = await embed([start + t for t in texts])
-        items = [{"id": d.id, "text": t, "fields": d.fields} for d, t in zip(body.documents, texts)]
-        try:
-            await asyncio.to_thread(docs.add, items, vectors)
-        except DuplicateIdError as err:
-            raise _conflict(err.position, err.key) from err
-        return {"added": len(items), "total": len(docs)}
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "model": default.name,
-            "dim": default.dim,
-            "backend": default.backend,
-            "reranker": bool(models.rerankers),
-            "models": [m.name for m in models.all()],
-            "documents": len(store) if store is not None else None,
-        }
-
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return models.listing()
-
-    @app.get("/metrics")
-    async def metrics_text() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
+    _add_error_handlers(app)
+    for method, path, endpoint in server.routes():
+        app.add_api_route(path, endpoint, methods=[method])
     known = {route.path for route in app.routes if hasattr(route, "path")}
     app.add_middleware(Gatekeeper, config=cfg, metrics=metrics, known_paths=known)
     return app
