@@ -1,4 +1,10 @@
-"""Bi-encoder losses, selectable by name. Each takes embeddings (one tensor per text column) and labels."""
+"""Bi-encoder losses, selectable by name. Each takes embeddings (one tensor per text column) and labels.
+
+Fifteen by name in :data:`LOSSES` (the ``--loss`` choices of a dense, static or sparse model) plus the
+:class:`MatryoshkaLoss` wrapper; cross-encoder losses are in :mod:`embforge.losses.cross`, multi-vector (MaxSim)
+ones in :mod:`embforge.losses.late`. Each class's docstring gives its formula, the columns it reads, its paper and
+an example.
+"""
 
 from __future__ import annotations
 
@@ -72,10 +78,10 @@ def get_loss(
 
     Args:
         name: One of :data:`LOSSES` (``infonce``, ``simcse``, ``cosent``, ``mse``, ``softmax``,
-            ``contrastive``, ``triplet``, ``mse_distill``, ``margin_mse``, ``kl_distill``,
-            ``similarity_distill``).
-        dim: Embedding size (needed by ``softmax``).
-        num_labels: Number of classes (needed by ``softmax``).
+            ``contrastive``, ``triplet``, ``prototype``, ``cluster``, ``supcon``, ``mse_distill``,
+            ``margin_mse``, ``kl_distill``, ``similarity_distill``, ``splade``).
+        dim: Embedding size (needed by ``softmax`` and ``prototype``).
+        num_labels: Number of classes (needed by ``softmax`` and ``prototype``).
         matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.
         matryoshka_weights: Weights of the Matryoshka dimensions (default all 1).
         **options: Keyword arguments of the loss class (e.g. ``temperature=0.02``, ``scale=20``).

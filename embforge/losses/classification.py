@@ -42,24 +42,29 @@ class LabelledTextLoss(EmbeddingLoss):
 class PrototypeLoss(LabelledTextLoss):
     r"""Classification against learnable class prototypes: cosine logits over a temperature, cross-entropy.
 
-    .. math:: \mathcal{L} = \mathrm{CE}\big(\cos(e_i, p_k) / \tau,\ y_i\big)
+    .. math:: \mathcal{L} = \frac{1}{n}\sum_i \mathrm{CE}\big(\cos(e_i, p_k) / \tau,\ y_i\big)
 
-    ============ ==========================================
-    columns      ``text, label`` (label an int in ``[0, num_labels)``)
-    parameters   ``num_labels × dim`` prototypes, trained with the encoder, not saved with it
-    ============ ==========================================
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``text``                            integer ``label`` in ``[0, num_labels)``
+    ==================================  =========================================================
 
-    A task's prototypes start at each class's normalised mean embedding under the model being trained
-    (:meth:`start_from`): random ones, trained at the encoder's learning rate, barely move in a fine-tuning run
-    and drag every text towards a random direction.
+    The ``num_labels × dim`` prototypes are trained with the encoder and not saved with it. A task's prototypes
+    start at each class's normalised mean embedding under the model being trained (:meth:`start_from`): random
+    ones, trained at the encoder's learning rate, barely move in a fine-tuning run and drag every text towards a
+    random direction. Prototypes are sliced to the embedding's size, so the loss can be wrapped by Matryoshka
+    (each prefix is classified against the prototypes' prefix).
 
-    Prototypes are sliced to the embedding's size, so the loss can be wrapped by Matryoshka (each prefix is
-    classified against the prototypes' prefix).
+    Paper: Snell, Swersky & Zemel, 2017, "Prototypical Networks for Few-shot Learning"; the cosine logits over a
+    temperature as in Wang et al., 2018, "NormFace: L2 Hypersphere Embedding for Face Verification".
 
     Example:
-        >>> loss = PrototypeLoss(dim=8, num_labels=3)
-        >>> float(loss([torch.randn(4, 8)], torch.tensor([0, 1, 2, 0]))) > 0
-        True
+        >>> import torch
+        >>> loss = PrototypeLoss(dim=2, num_labels=2, temperature=1.0)
+        >>> loss.prototypes.data = torch.eye(2)  # class 0 along x, class 1 along y
+        >>> round(loss([torch.tensor([[3.0, 0.0], [0.0, 0.5]])], torch.tensor([0, 1])).item(), 4)
+        0.3133
     """
 
     name = "prototype"
@@ -95,7 +100,7 @@ class PrototypeLoss(LabelledTextLoss):
 
 
 class ClusterLoss(LabelledTextLoss):
-    r"""Clustering by distance to the batch's cluster centres.
+    r"""Clustering by distance to the batch's cluster centres (nothing is learnt besides the encoder).
 
     The centre of class *k* is the mean of the batch's normalised embeddings of that class; for a text's own
     class the text itself is left out of the mean (else a singleton would be its own centre):
@@ -107,7 +112,20 @@ class ClusterLoss(LabelledTextLoss):
 
     where *A* holds the texts whose class has another member in the batch (0 if none does).
 
-    Columns: ``text, label``.
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``text``                            integer ``label`` (any values; classes are the batch's)
+    ==================================  =========================================================
+
+    Paper: the leave-one-out centroids of Wan et al., 2018, "Generalized End-to-End Loss for Speaker
+    Verification" (GE2E, softmax form), with cosine logits over a temperature.
+
+    Example:
+        >>> import torch
+        >>> e = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])  # two tight classes
+        >>> round(ClusterLoss(temperature=1.0)([e], torch.tensor([7, 7, 9, 9])).item(), 4)  # -log(e / (e + 1))
+        0.3133
     """
 
     name = "cluster"
@@ -129,13 +147,27 @@ class ClusterLoss(LabelledTextLoss):
 
 
 class SupConLoss(LabelledTextLoss):
-    r"""Supervised contrastive loss (Khosla et al., 2020) over the batch.
+    r"""Supervised contrastive loss over the batch: every same-label text is a positive.
 
     .. math::
         \mathcal{L} = \frac{1}{|A|}\sum_{i \in A} \frac{-1}{|P(i)|} \sum_{p \in P(i)}
         \log \frac{e^{\cos(e_i, e_p)/\tau}}{\sum_{a \ne i} e^{\cos(e_i, e_a)/\tau}}
 
-    with *P(i)* the other texts of *i*'s class and *A* the texts that have one. Columns: ``text, label``.
+    with *P(i)* the other texts of *i*'s class and *A* the texts that have one (0 if none does).
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``text``                            integer ``label`` (any values)
+    ==================================  =========================================================
+
+    Paper: Khosla et al., 2020, "Supervised Contrastive Learning" (:math:`\mathcal{L}^{sup}_{out}`).
+
+    Example:
+        >>> import torch
+        >>> e = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])
+        >>> round(SupConLoss(temperature=1.0)([e], torch.tensor([0, 0, 1, 1])).item(), 4)  # log(e + 2) - 1
+        0.5514
     """
 
     name = "supcon"

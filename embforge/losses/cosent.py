@@ -33,9 +33,32 @@ def cosent(scores: Tensor, labels: Tensor, *, scale: float = 20.0) -> Tensor:
 
 
 class CoSENTLoss(EmbeddingLoss):
-    """CoSENT on the cosine similarity of ``(sentence1, sentence2)`` pairs against their ``score``/``label``.
+    r"""CoSENT on the cosine similarities of ``(sentence1, sentence2)`` pairs, ranked by their gold scores.
 
-    Columns: two texts + ``score`` (or ``label``). See :func:`cosent` for the formula.
+    .. math::
+        \mathcal{L} = \log\Big(1 + \sum_{(i,j):\ y_i > y_j} e^{\lambda (\cos(u_j, v_j) - \cos(u_i, v_i))}\Big)
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            ``score`` (any scale, e.g. STS-B's 0-5) or 0/1 ``label``
+    ==================================  =========================================================
+
+    Only the order of the labels inside the batch is used, so no rescaling of the scores is needed; ``scale``
+    (``λ``) is 20 as in the paper and sentence-transformers' ``CoSENTLoss`` (equal on the same batch, tested).
+    embforge's default loss for scored pairs. See :func:`cosent` for the function on any score vector.
+
+    Paper: Su Jianlin, 2022, "CoSENT: a more efficient sentence vector scheme than Sentence-BERT"
+    (kexue.fm/archives/8847).
+
+    Example:
+        >>> import torch
+        >>> loss = CoSENTLoss(scale=1.0)
+        >>> u, v = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # cosines 1, 0
+        >>> round(float(loss([u, v], torch.tensor([4.0, 1.0]))), 4)  # in the labels' order: log(1 + e^(0 - 1))
+        0.3133
+        >>> round(float(loss([u, v], torch.tensor([1.0, 4.0]))), 4)  # against it: log(1 + e^(1 - 0))
+        1.3133
     """
 
     name = "cosent"

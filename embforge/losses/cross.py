@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge.losses.cosent import cosent
-from embforge.losses.distill import kl_distill, kl_temperatures, margin_mse
+from embforge.losses.distill import KLTemperatures, margin_mse
 
 
 class CrossLoss(nn.Module):
@@ -76,10 +76,26 @@ def _single_logit(logits: Tensor, name: str) -> Tensor:
 
 
 class BCELoss(CrossLoss):
-    """Binary cross-entropy on the single logit: ``-[y log σ(f) + (1-y) log(1-σ(f))]``, averaged.
+    r"""Binary cross-entropy on the pair's single logit (``bce``).
 
-    Labels are 0/1 classes or soft targets in [0, 1]; ``label_max`` divides graded labels first (e.g. 5 for
-    STS-B scores 0–5). Same as sentence-transformers' ``BinaryCrossEntropyLoss``.
+    .. math:: \mathcal{L} = -\frac{1}{n}\sum_i \big(y_i \log\sigma(f_i) + (1-y_i)\log(1-\sigma(f_i))\big)
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            ``label`` 0/1, or a soft target in [0, 1] (``label_max``
+                                        divides graded scores first, e.g. 5 for STS-B's 0-5)
+    ==================================  =========================================================
+
+    ``pos_weight`` weighs the positive term (rare positives). Equals sentence-transformers'
+    ``BinaryCrossEntropyLoss`` (tested).
+
+    Paper: Nogueira & Cho, 2019, "Passage Re-ranking with BERT" (monoBERT).
+
+    Example:
+        >>> import torch
+        >>> round(float(BCELoss()(torch.tensor([[0.0], [0.0]]), torch.tensor([1.0, 0.0]))), 4)  # log 2
+        0.6931
     """
 
     name = "bce"
@@ -109,9 +125,26 @@ class BCELoss(CrossLoss):
 
 
 class SoftmaxCELoss(CrossLoss):
-    """Softmax cross-entropy over ``num_labels`` logits against integer class labels (2-class CE for pairs).
+    r"""Softmax cross-entropy over ``num_labels`` logits against integer class labels (``ce``).
 
-    Same as sentence-transformers' cross-encoder ``CrossEntropyLoss``.
+    .. math:: \mathcal{L} = -\frac{1}{n}\sum_i \log \mathrm{softmax}(f_i)_{y_i}
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            integer class ``label`` (0/1 for pairs, 3 NLI classes ...)
+    ==================================  =========================================================
+
+    Needs a cross-encoder with ``num_labels >= 2``. Equals sentence-transformers' cross-encoder
+    ``CrossEntropyLoss`` (tested).
+
+    Paper: Devlin et al., 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+    Understanding" (sentence-pair classification).
+
+    Example:
+        >>> import torch
+        >>> round(float(SoftmaxCELoss()(torch.tensor([[2.0, 0.0]]), torch.tensor([0]))), 4)  # -log softmax
+        0.1269
     """
 
     name = "ce"
@@ -131,10 +164,26 @@ class SoftmaxCELoss(CrossLoss):
 
 
 class CrossCoSENTLoss(CrossLoss):
-    """CoSENT on the batch of pair logits: ``log(1 + Σ_{y_i > y_j} exp(λ (f_j - f_i)))``.
+    r"""CoSENT on the batch of pair logits (``cosent``): :func:`embforge.losses.cosent.cosent` as it is.
+
+    .. math:: \mathcal{L} = \log\Big(1 + \sum_{(i,j):\ y_i > y_j} e^{\lambda (f_j - f_i)}\Big)
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            ``score`` (any scale) or 0/1 ``label``
+    ==================================  =========================================================
 
     Only the order of the labels is used, so graded scores and 0/1 labels both work. The logit is unbounded,
     so ``λ`` (``scale``) defaults to 1 (the head learns the scale); 20 is the bi-encoder value for cosines.
+
+    Paper: Su Jianlin, 2022, "CoSENT: a more efficient sentence vector scheme than Sentence-BERT"
+    (kexue.fm/archives/8847).
+
+    Example:
+        >>> import torch
+        >>> round(float(CrossCoSENTLoss()(torch.tensor([[2.0], [0.0]]), torch.tensor([1.0, 0.0]))), 4)
+        0.1269
     """
 
     name = "cosent"
@@ -149,9 +198,24 @@ class CrossCoSENTLoss(CrossLoss):
 
 
 class MSELoss(CrossLoss):
-    """Mean squared error between the logit (optionally through a sigmoid) and the label.
+    r"""Mean squared error between the logit (optionally through a sigmoid) and the label (``mse``).
 
-    ``activation="identity"`` (default) equals sentence-transformers' cross-encoder ``MSELoss``.
+    .. math:: \mathcal{L} = \frac{1}{n}\sum_i \big(a(f_i) - y_i\big)^2, \qquad a = \mathrm{identity}\ \text{or}\ \sigma
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            ``score`` (``label_max`` divides it first, if given)
+    ==================================  =========================================================
+
+    ``activation="identity"`` (default) equals sentence-transformers' cross-encoder ``MSELoss`` (tested).
+
+    Paper: Reimers & Gurevych, 2019, "Sentence-BERT" (the cross-encoder STS regression it compares with).
+
+    Example:
+        >>> import torch
+        >>> float(MSELoss()(torch.tensor([[0.5], [1.0]]), torch.tensor([0.0, 1.0])))  # (0.5² + 0²) / 2
+        0.125
     """
 
     name = "mse"
@@ -176,10 +240,25 @@ class MSELoss(CrossLoss):
 
 
 class ListwiseLoss(CrossLoss):
-    """InfoNCE over each query's candidates: ``-log softmax(scale · f(q, ·))[positive]``, averaged over queries.
+    r"""InfoNCE over each query's candidates (``listwise``; also ``infonce``): the positive must win the softmax.
 
-    Columns: ``anchor, positive[, negative_1, ...]``; the positive is candidate 0. Without negative columns the
-    other rows' positives in the batch are the negatives (``batch²`` pairs are scored).
+    .. math:: \mathcal{L} = -\frac{1}{n}\sum_i \log \mathrm{softmax}\big(s \cdot f(q_i, \cdot)\big)_{p_i}
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``anchor, positive``                none (the other rows' positives are the candidates:
+                                        ``batch²`` pairs are scored)
+    ``anchor, positive, negative_1..k`` none (the positive is candidate 0)
+    ==================================  =========================================================
+
+    Paper: Gao, Dai & Callan, 2021, "Rethink Training of BERT Rerankers in Multi-Stage Retrieval Pipeline"
+    (localized contrastive estimation).
+
+    Example:
+        >>> import torch
+        >>> round(float(ListwiseLoss()(torch.tensor([[1.0, 0.0]]))), 4)  # one query: positive 1, negative 0
+        0.3133
     """
 
     name = "listwise"
@@ -197,11 +276,27 @@ class ListwiseLoss(CrossLoss):
 
 
 class CrossMarginMSELoss(CrossLoss):
-    """Distillation: the logit margin ``f(q,p) - f(q,n_j)`` regresses the teacher's margin (``margin_mse``).
+    r"""Distillation: the logit margin ``f(q,p) - f(q,n_j)`` regresses the teacher's margin (``margin_mse``).
 
-    Columns: ``anchor, positive, negative_1..k``; labels: teacher scores ``[T(q,p), T(q,n_1), …]`` or margins
-    ``T(q,p) - T(q,n_j)`` (one per negative). The trainer scores each query with its candidate columns and passes
-    ``(queries, 1+k)`` logits. Same as sentence-transformers' cross-encoder ``MarginMSELoss`` (identity activation).
+    .. math:: \mathcal{L} = \frac{1}{nk}\sum_{i,j}\big((f(q_i,p_i) - f(q_i,n_{ij})) - (T_{i,p} - T_{i,n_j})\big)^2
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``anchor, positive, negative_1..k``         teacher scores ``[T(q,p), T(q,n_1), …]`` ``(n, 1+k)`` or
+                                                margins ``T(q,p) - T(q,n_j)`` ``(n, k)``
+    ==========================================  ==============================================================
+
+    The trainer scores each query with its candidate columns and passes ``(queries, 1+k)`` logits. Same as
+    sentence-transformers' cross-encoder ``MarginMSELoss`` (identity activation).
+
+    Paper: Hofstätter et al., 2020, "Improving Efficient Neural Ranking Models with Cross-Architecture Knowledge
+    Distillation".
+
+    Example:
+        >>> import torch
+        >>> float(CrossMarginMSELoss()(torch.tensor([[3.0, 1.0]]), torch.tensor([[1.0, 0.0]])))  # (2 - 1)²
+        1.0
     """
 
     name = "margin_mse"
@@ -215,11 +310,28 @@ class CrossMarginMSELoss(CrossLoss):
         return margin_mse(logits[:, 0], logits[:, 1:], labels)
 
 
-class CrossKLDistillLoss(CrossLoss):
-    """Distillation: KL from the teacher's to the cross-encoder's softmax over each query's candidates.
+class CrossKLDistillLoss(KLTemperatures, CrossLoss):
+    r"""Distillation: KL from the teacher's to the cross-encoder's softmax over each query's candidates.
 
-    Columns: ``anchor`` + candidate columns; labels: teacher scores ``(queries, candidates)``. ``τ_s²`` rescales
-    the loss (:func:`embforge.losses.distill.kl_distill`).
+    .. math::
+        \mathcal{L} = \tau_s^2\,\frac{1}{n}\sum_i \mathrm{KL}\big(\mathrm{softmax}(T_i/\tau_t)\,\big\|\,
+        \mathrm{softmax}(f(q_i, \cdot)/\tau_s)\big)
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``anchor, candidate_1..m``                  teacher scores ``(n, m)``
+    ==========================================  ==============================================================
+
+    ``τ_s²`` rescales the loss (:func:`embforge.losses.distill.kl_distill`).
+
+    Paper: Hinton, Vinyals & Dean, 2015, "Distilling the Knowledge in a Neural Network"; listwise over a
+    query's candidates as in Ren et al., 2021, "RocketQAv2".
+
+    Example:
+        >>> import torch
+        >>> float(CrossKLDistillLoss()(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0]])))  # teacher agrees
+        0.0
     """
 
     name = "kl_distill"
@@ -227,25 +339,9 @@ class CrossKLDistillLoss(CrossLoss):
     max_texts = None
     grouped = True
 
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        student_temperature: float | None = None,
-        teacher_temperature: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.student_temperature, self.teacher_temperature = kl_temperatures(
-            temperature, student_temperature, teacher_temperature
-        )
-
     def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
         assert labels is not None
-        return kl_distill(
-            logits.float(),
-            labels.float().reshape(logits.shape),
-            student_temperature=self.student_temperature,
-            teacher_temperature=self.teacher_temperature,
-        )
+        return self.kl(logits.float(), labels.float().reshape(logits.shape))
 
 
 CROSS_LOSSES: dict[str, type[CrossLoss]] = {

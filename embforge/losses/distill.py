@@ -34,7 +34,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from embforge.losses.base import EmbeddingLoss, check_temperature, pairwise_cosine
 
@@ -122,6 +122,15 @@ class MSEDistillLoss(EmbeddingLoss):
     Equals sentence-transformers' ``MSELoss`` (``EmbedDistillLoss(distance_metric="mse")``). There the projection
     for a smaller student lives on the loss and is lost when the model is saved; here it is the student's
     ``Dense`` module (:func:`embforge.distill.add_projection`), so the dimensions must agree when the loss runs.
+
+    Paper: Reimers & Gurevych, 2020, "Making Monolingual Sentence Embeddings Multilingual using Knowledge
+    Distillation".
+
+    Example:
+        >>> import torch
+        >>> student, teacher = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 0.0]])
+        >>> float(MSEDistillLoss()([student], teacher))  # (1² + 0²) / 2
+        0.5
     """
 
     name = "mse_distill"
@@ -172,6 +181,15 @@ class MarginMSEDistillLoss(EmbeddingLoss):
 
     ``similarity="dot"`` (default) equals sentence-transformers' ``MarginMSELoss`` (``pairwise_dot_score``);
     ``"cosine"`` keeps the student's scores in [-1, 1] for teachers that score with cosines.
+
+    Paper: Hofstätter et al., 2020, "Improving Efficient Neural Ranking Models with Cross-Architecture Knowledge
+    Distillation".
+
+    Example:
+        >>> import torch
+        >>> q, p, n = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+        >>> float(MarginMSEDistillLoss()([q, p, n], torch.tensor([[0.5, 0.0]])))  # (1 - 0.5)²
+        0.25
     """
 
     name = "margin_mse"
@@ -202,7 +220,39 @@ def kl_temperatures(
     return student, teacher
 
 
-class KLDistillLoss(EmbeddingLoss):
+class KLTemperatures(nn.Module):
+    """The two temperatures of a listwise KL distillation loss, and that KL (:func:`kl_distill`).
+
+    Shared by the KL losses of every model kind (bi-encoders, cross-encoders, multi-vector, in-batch similarity):
+    ``temperature`` sets both sides, ``student_temperature`` / ``teacher_temperature`` each one;
+    ``default_temperature`` is the class's value of ``temperature`` when it is not given.
+    """
+
+    default_temperature = 1.0
+
+    def __init__(
+        self,
+        temperature: float | None = None,
+        student_temperature: float | None = None,
+        teacher_temperature: float | None = None,
+    ) -> None:
+        super().__init__()
+        shared = self.default_temperature if temperature is None else temperature
+        self.student_temperature, self.teacher_temperature = kl_temperatures(
+            shared, student_temperature, teacher_temperature
+        )
+
+    def kl(self, student: Tensor, teacher: Tensor) -> Tensor:
+        """:func:`kl_distill` of ``(n, m)`` student and teacher scores at this loss's temperatures."""
+        return kl_distill(
+            student,
+            teacher,
+            student_temperature=self.student_temperature,
+            teacher_temperature=self.teacher_temperature,
+        )
+
+
+class KLDistillLoss(KLTemperatures, EmbeddingLoss):
     r"""Listwise KL between the teacher's and the student's score distributions over a query's candidates.
 
     .. math::
@@ -215,9 +265,22 @@ class KLDistillLoss(EmbeddingLoss):
     ``anchor, positive, negative_1..k``         teacher scores ``[T(q,p), T(q,n_1), …]`` ``(n, 1+k)``
     ==========================================  ==============================================================
 
-    With ``similarity="dot"`` and ``temperature`` τ for both sides this equals sentence-transformers'
+    With ``similarity="dot"`` and ``temperature`` τ for both sides (default 1) this equals sentence-transformers'
     ``DistillKLDivLoss(temperature=τ)`` (``KLDivLoss(reduction="batchmean")`` scaled by ``τ_s²``). Cosine student
     scores live in [-1, 1], so pair ``similarity="cosine"`` with a small ``student_temperature`` (e.g. 0.05).
+
+    Paper: Hinton, Vinyals & Dean, 2015, "Distilling the Knowledge in a Neural Network"; listwise over a
+    query's candidates as in Ren et al., 2021, "RocketQAv2: A Joint Training Method for Dense Passage Retrieval
+    and Passage Re-ranking".
+
+    Example:
+        >>> import torch
+        >>> q, c1, c2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+        >>> loss = KLDistillLoss()  # student scores (dot) [1, 0]
+        >>> float(loss([q, c1, c2], torch.tensor([[1.0, 0.0]])))  # the teacher agrees
+        0.0
+        >>> round(float(loss([q, c1, c2], torch.tensor([[0.0, 0.0]]))), 4)  # the teacher cannot tell them apart
+        0.1201
     """
 
     name = "kl_distill"
@@ -226,24 +289,16 @@ class KLDistillLoss(EmbeddingLoss):
 
     def __init__(
         self,
-        temperature: float = 1.0,
+        temperature: float | None = None,
         student_temperature: float | None = None,
         teacher_temperature: float | None = None,
         similarity: str = "dot",
     ) -> None:
-        super().__init__()
-        self.student_temperature, self.teacher_temperature = kl_temperatures(
-            temperature, student_temperature, teacher_temperature
-        )
+        super().__init__(temperature, student_temperature, teacher_temperature)
         self.similarity = _check_similarity(similarity)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         assert labels is not None
         query = embeddings[0]
         scores = torch.stack([pair_similarity(query, c, self.similarity) for c in embeddings[1:]], dim=1)
-        return kl_distill(
-            scores,
-            labels.reshape(scores.shape[0], -1),
-            student_temperature=self.student_temperature,
-            teacher_temperature=self.teacher_temperature,
-        )
+        return self.kl(scores, labels.reshape(scores.shape[0], -1))

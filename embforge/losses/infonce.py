@@ -17,11 +17,31 @@ class InfoNCELoss(EmbeddingLoss):
         \mathcal{L} = -\frac{1}{n}\sum_i \log
         \frac{e^{\cos(a_i, p_i)/\tau}}{\sum_j e^{\cos(a_i, p_j)/\tau} + \sum_{k,j} e^{\cos(a_i, n^{(k)}_j)/\tau}}
 
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``anchor, positive``                        none (the other rows' positives are the negatives)
+    ``anchor, positive, negative_1..k``         none (plus every row's hard negatives as candidates)
+    ==========================================  ==============================================================
+
     Candidates are the batch's positives plus every extra negative column (hard negatives). With
     ``symmetric=True`` the positives also pick their anchor among the batch's anchors and the two directions
-    are averaged. Equals sentence-transformers' MultipleNegativesRankingLoss with ``scale = 1/τ``.
+    are averaged. Equals sentence-transformers' ``MultipleNegativesRankingLoss`` (and its symmetric variant)
+    with ``scale = 1/τ`` (tested). Under torchrun the candidates are the global batch's (all-gathered).
 
-    Columns: ``anchor, positive[, negative_1, ...]`` (any two or more text columns).
+    Paper: van den Oord et al., 2018, "Representation Learning with Contrastive Predictive Coding"; with
+    in-batch negatives for text, Henderson et al., 2017, "Efficient Natural Language Response Suggestion for
+    Smart Reply".
+
+    Example:
+        >>> import torch
+        >>> loss = InfoNCELoss(temperature=1.0)
+        >>> anchors = positives = torch.eye(2)  # each anchor's positive is itself, orthogonal to the other
+        >>> round(float(loss([anchors, positives])), 4)  # -log(e^1 / (e^1 + e^0))
+        0.3133
+        >>> hard = positives.clone()  # a hard-negative column as close as the positive: -log(e / (2e + 2))
+        >>> round(float(loss([anchors, positives, hard])), 4)
+        1.0064
     """
 
     name = "infonce"
@@ -45,14 +65,35 @@ class InfoNCELoss(EmbeddingLoss):
 
 
 class SimCSELoss(InfoNCELoss):
-    """Unsupervised SimCSE: InfoNCE where each text's positive is the same text under other dropout noise.
+    r"""Unsupervised SimCSE: InfoNCE where each text's positive is the same text under other dropout noise.
 
-    Columns: one text column (``text``, ``sentence1`` or ``anchor``); the trainer feeds it twice in one forward
-    pass, so the two copies get independent dropout masks.
+    .. math::
+        \mathcal{L} = -\frac{1}{n}\sum_i \log \frac{e^{\cos(h_i, h'_i)/\tau}}{\sum_j e^{\cos(h_i, h'_j)/\tau}}
 
+    with :math:`h_i, h'_i` two embeddings of text *i* under independent dropout masks.
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    one column (``text``, ``sentence1`` or      none
+    ``anchor``)
+    ==========================================  ==============================================================
+
+    The trainer feeds the column twice in one forward pass, so the two copies get independent dropout masks.
     ``augment`` (``delete``, ``swap`` or ``cutoff``; :mod:`embforge.data.augment`) makes the second copy an edited
     view of the text as well (``augment_rate`` of its words), applied once when the task is tokenised. The loss
     itself only sees the two embedding tensors either way.
+
+    Paper: Gao, Yao & Chen, 2021, "SimCSE: Simple Contrastive Learning of Sentence Embeddings".
+
+    Example:
+        >>> import torch
+        >>> loss = SimCSELoss(temperature=1.0)
+        >>> views = torch.eye(2)  # the two dropout views of two texts (here equal)
+        >>> round(float(loss([views, views])), 4)
+        0.3133
+        >>> loss.second_view(["a cat sat"])  # no augment: the second copy is the text itself
+        ['a cat sat']
     """
 
     name = "simcse"

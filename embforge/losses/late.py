@@ -32,16 +32,37 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from embforge.losses.base import EmbeddingLoss, check_temperature
-from embforge.losses.distill import kl_distill, kl_temperatures, margin_mse
+from embforge.losses.distill import KLTemperatures, margin_mse
 from embforge.multivector.scoring import maxsim, maxsim_pairwise
 
 
 class MaxSimInfoNCELoss(EmbeddingLoss):
-    """InfoNCE over MaxSim scores with in-batch and mined negatives (``infonce`` for multi-vector models).
+    r"""InfoNCE over MaxSim scores with in-batch and mined negatives (``infonce`` for multi-vector models).
+
+    .. math::
+        \mathcal{L} = -\frac{1}{n}\sum_i \log \frac{e^{S(q_i, p_i)/\tau}}{\sum_{c \in \text{batch}} e^{S(q_i, c)/\tau}},
+        \qquad S(q, d) = \sum_{a} \max_{b} q_a \cdot d_b
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``query, positive``                         none (the other rows' positives are the negatives)
+    ``query, positive, negative_1..k``          none (plus every row's mined negatives)
+    ==========================================  ==============================================================
 
     Every query is scored against every document of the batch (all positive and negative columns); its own
     positive is the target. ``temperature`` 1 (the default) is pylate's ``Contrastive`` loss: MaxSim sums are
     already spread over ``[-Lq, Lq]``.
+
+    Paper: Khattab & Zaharia, 2020, "ColBERT: Efficient and Effective Passage Search via Contextualized Late
+    Interaction over BERT".
+
+    Example:
+        >>> import torch
+        >>> q = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # one query, two token vectors
+        >>> p, n = q.clone(), torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])  # MaxSim 2 and 1
+        >>> round(float(MaxSimInfoNCELoss()([q, p, n])), 4)  # -log(e^2 / (e^2 + e^1))
+        0.3133
     """
 
     name = "infonce"
@@ -57,8 +78,33 @@ class MaxSimInfoNCELoss(EmbeddingLoss):
         return F.cross_entropy(maxsim(queries, candidates) / self.temperature, targets)
 
 
+def _candidate_scores(embeddings: list[Tensor]) -> Tensor:
+    """``(n, columns - 1)`` MaxSim of each row's query with its own candidates (positive, negatives)."""
+    return torch.stack([maxsim_pairwise(embeddings[0], c) for c in embeddings[1:]], dim=1)
+
+
 class MaxSimMarginMSELoss(EmbeddingLoss):
-    """MarginMSE distillation of a teacher's scores into MaxSim margins (``margin_mse``)."""
+    r"""MarginMSE distillation of a teacher's scores into MaxSim margins (``margin_mse``).
+
+    .. math:: \mathcal{L} = \frac{1}{nk}\sum_{i,j}\big((S(q_i,p_i) - S(q_i,n_{ij})) - (T_{i,p} - T_{i,n_j})\big)^2
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``query, positive, negative_1..k``          teacher scores ``[T(q,p), T(q,n_1), …]`` ``(n, 1+k)`` or
+                                                margins ``(n, k)`` (:func:`~embforge.losses.distill.margin_mse`)
+    ==========================================  ==============================================================
+
+    Paper: Hofstätter et al., 2020, "Improving Efficient Neural Ranking Models with Cross-Architecture Knowledge
+    Distillation" (ColBERT among its students).
+
+    Example:
+        >>> import torch
+        >>> q = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+        >>> p, n = q.clone(), torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])  # student margin 2 - 1
+        >>> float(MaxSimMarginMSELoss()([q, p, n], torch.tensor([[3.0, 0.0]])))  # (1 - 3)²
+        4.0
+    """
 
     name = "margin_mse"
     min_texts = 3
@@ -66,39 +112,42 @@ class MaxSimMarginMSELoss(EmbeddingLoss):
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         assert labels is not None
-        query = embeddings[0]
-        negatives = torch.stack([maxsim_pairwise(query, n) for n in embeddings[2:]], dim=1)
-        return margin_mse(maxsim_pairwise(query, embeddings[1]), negatives, labels)
+        scores = _candidate_scores(embeddings)
+        return margin_mse(scores[:, 0], scores[:, 1:], labels)
 
 
-class MaxSimKLDistillLoss(EmbeddingLoss):
-    """Listwise KL from a teacher's scores to the MaxSim scores of each query's candidates (``kl_distill``)."""
+class MaxSimKLDistillLoss(KLTemperatures, EmbeddingLoss):
+    r"""Listwise KL from a teacher's scores to the MaxSim scores of each query's candidates (``kl_distill``).
+
+    .. math::
+        \mathcal{L} = \tau_s^2\,\frac{1}{n}\sum_i \mathrm{KL}\big(\mathrm{softmax}(T_i/\tau_t)\,\big\|\,
+        \mathrm{softmax}(S_i/\tau_s)\big),\quad S_{ij} = \mathrm{MaxSim}(q_i, c_{ij})
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``query, candidate_1..m``                   teacher scores ``(n, m)``
+    ==========================================  ==============================================================
+
+    Paper: Santhanam et al., 2022, "ColBERTv2: Effective and Efficient Retrieval via Lightweight Late
+    Interaction" (KL distillation of a cross-encoder's scores).
+
+    Example:
+        >>> import torch
+        >>> q = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+        >>> p, n = q.clone(), torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])  # MaxSim 2 and 1
+        >>> float(MaxSimKLDistillLoss()([q, p, n], torch.tensor([[2.0, 1.0]])))  # the teacher agrees
+        0.0
+    """
 
     name = "kl_distill"
     min_texts = 3
     needs_labels = True
 
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        student_temperature: float | None = None,
-        teacher_temperature: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.student_temperature, self.teacher_temperature = kl_temperatures(
-            temperature, student_temperature, teacher_temperature
-        )
-
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         assert labels is not None
-        query = embeddings[0]
-        scores = torch.stack([maxsim_pairwise(query, c) for c in embeddings[1:]], dim=1)
-        return kl_distill(
-            scores,
-            labels.reshape(scores.shape[0], -1),
-            student_temperature=self.student_temperature,
-            teacher_temperature=self.teacher_temperature,
-        )
+        scores = _candidate_scores(embeddings)
+        return self.kl(scores, labels.reshape(scores.shape[0], -1))
 
 
 MULTIVECTOR_LOSSES: dict[str, type[EmbeddingLoss]] = {

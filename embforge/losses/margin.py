@@ -21,12 +21,27 @@ def distance(a: Tensor, b: Tensor, metric: str) -> Tensor:
 
 
 class ContrastiveLoss(EmbeddingLoss):
-    r"""Contrastive loss (Hadsell et al. 2006) on labelled pairs.
+    r"""Contrastive loss on labelled pairs: similar pairs pulled together, dissimilar ones pushed past a margin.
 
     .. math:: \mathcal{L} = \frac{1}{n}\sum_i \tfrac12\big(y_i d_i^2 + (1 - y_i)\,\max(0, m - d_i)^2\big)
 
-    with ``d`` the cosine distance (default) or Euclidean distance. Columns: two texts + ``label`` (1 similar,
-    0 dissimilar). Matches sentence-transformers' ContrastiveLoss (margin 0.5, cosine distance).
+    with :math:`d_i = d(u_i, v_i)` the cosine distance :math:`1 - \cos` (default) or the Euclidean distance.
+
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            ``label``: 1 similar, 0 dissimilar
+    ==================================  =========================================================
+
+    Equals sentence-transformers' ``ContrastiveLoss`` (margin 0.5, cosine distance; tested).
+
+    Paper: Hadsell, Chopra & LeCun, 2006, "Dimensionality Reduction by Learning an Invariant Mapping".
+
+    Example:
+        >>> import torch
+        >>> u, v = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # d = 0, 1
+        >>> float(ContrastiveLoss(margin=0.5)([u, v], torch.tensor([0, 1])))  # (0.5 * 0.5² + 0.5 * 1²) / 2
+        0.3125
     """
 
     name = "contrastive"
@@ -48,10 +63,25 @@ class ContrastiveLoss(EmbeddingLoss):
 class TripletLoss(EmbeddingLoss):
     r"""Triplet loss: the anchor must be closer to its positive than to its negative by a margin.
 
-    .. math:: \mathcal{L} = \frac{1}{n}\sum_i \max\big(0,\ d(a_i, p_i) - d(a_i, n_i) + m\big)
+    .. math:: \mathcal{L} = \frac{1}{nk}\sum_{i,j} \max\big(0,\ d(a_i, p_i) - d(a_i, n^{(j)}_i) + m\big)
 
-    Columns: ``anchor, positive, negative[_1, ...]``; with several negative columns the loss is averaged over
-    them. Defaults (Euclidean distance, margin 5) match sentence-transformers' TripletLoss.
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``anchor, positive, negative``              none
+    ``anchor, positive, negative_1..k``         none (averaged over the k negative columns)
+    ==========================================  ==============================================================
+
+    Defaults (Euclidean distance, margin 5) match sentence-transformers' ``TripletLoss`` (tested, both distances).
+
+    Paper: Schroff, Kalenichenko & Philbin, 2015, "FaceNet: A Unified Embedding for Face Recognition and
+    Clustering"; for sentences, Reimers & Gurevych, 2019, "Sentence-BERT".
+
+    Example:
+        >>> import torch
+        >>> a, p, n = torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 3.0]])
+        >>> round(float(TripletLoss(margin=5.0)([a, p, n])), 4)  # max(0, 1 - 3 + 5)
+        3.0
     """
 
     name = "triplet"

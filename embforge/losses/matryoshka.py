@@ -11,12 +11,29 @@ from embforge.losses.base import EmbeddingLoss
 
 
 class MatryoshkaLoss(EmbeddingLoss):
-    r"""Weighted sum of ``loss`` over prefixes of the embedding.
+    r"""Weighted sum of an inner loss over prefixes of the embedding (``--matryoshka-dims``).
 
     .. math:: \mathcal{L} = \sum_k w_k\, \mathcal{L}_{\text{inner}}\big(\mathrm{norm}(e_{[:d_k]})\big)
 
-    Each prefix is L2-normalised (as sentence-transformers' MatryoshkaLoss does), so a model trained this way
-    can be truncated to any ``d_k`` at inference. The model is untouched: only the embeddings are sliced.
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    those of the inner loss                     those of the inner loss
+    ==========================================  ==============================================================
+
+    Each prefix is L2-normalised (as sentence-transformers' ``MatryoshkaLoss`` does; equal on the same batch,
+    tested), so a model trained this way can be truncated to any ``d_k`` at inference. The model is untouched:
+    only the embeddings are sliced, so any loss without parameters sized to the embedding can be wrapped.
+
+    Paper: Kusupati et al., 2022, "Matryoshka Representation Learning".
+
+    Example:
+        >>> import torch
+        >>> from embforge.losses.regression import CosineMSELoss
+        >>> loss = MatryoshkaLoss(CosineMSELoss(), dims=[1, 2], weights=[0.5, 1.0])
+        >>> u, v = torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, -1.0]])  # cosine 0 at 2 dims, 1 at 1 dim
+        >>> float(loss([u, v], torch.tensor([0.0])))  # 0.5 * (1 - 0)² + 1.0 * (0 - 0)²
+        0.5
     """
 
     def __init__(

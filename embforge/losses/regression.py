@@ -10,12 +10,29 @@ from embforge.losses.base import EmbeddingLoss, pairwise_cosine
 
 
 class CosineMSELoss(EmbeddingLoss):
-    r"""Mean squared error between the cosine similarity of a pair and its gold score.
+    r"""Mean squared error between the cosine similarity of a pair and its gold score (``mse``).
 
     .. math:: \mathcal{L} = \frac{1}{n}\sum_i \big(\cos(u_i, v_i) - y_i\big)^2
 
-    Columns: two texts + ``score``. Scores above 1 (e.g. STS-B's 0-5) are divided by the data set's largest
-    score rounded up, so targets lie in [0, 1] (sentence-transformers' CosineSimilarityLoss expects this too).
+    ==================================  =========================================================
+    text columns                        labels
+    ==================================  =========================================================
+    ``sentence1, sentence2``            ``score``: in [0, 1], or larger (e.g. STS-B's 0-5), then
+                                        divided by the data set's largest score rounded up
+    ==================================  =========================================================
+
+    Equals sentence-transformers' ``CosineSimilarityLoss`` on the same targets (tested).
+
+    Paper: Reimers & Gurevych, 2019, "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks"
+    (the regression objective).
+
+    Example:
+        >>> import torch
+        >>> u, v = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # cosines 1, 0
+        >>> round(float(CosineMSELoss()([u, v], torch.tensor([0.8, 0.2]))), 4)  # (0.2² + 0.2²) / 2
+        0.04
+        >>> CosineMSELoss().prepare_labels(np.array([0.0, 2.5, 4.6]))  # 0-5 scores -> [0, 1]
+        array([0.  , 0.5 , 0.92])
     """
 
     name = "mse"

@@ -21,15 +21,6 @@ The teacher's embeddings arrive as labels, computed once and cached on disk
 (:func:`embforge.distill.with_teacher_embeddings`; a pipeline task with ``teacher = "FOLDER"``): a batch's
 similarity matrix depends on which rows were drawn together, so it is built per batch from the rows' embeddings
 (one matrix product), not stored.
-
-Example:
-    >>> import torch
-    >>> loss = SimilarityDistillLoss(temperature=0.1)
-    >>> teacher = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.8, 0.0]])  # 3-d
-    >>> round(float(loss([teacher[:, :2]], teacher)), 6)  # a 2-d student with the same cosines
-    0.0
-    >>> round(float(loss([torch.tensor([[1.0, 0.0], [0.0, 1.0], [-0.6, 0.8]])], teacher)), 3)  # the third text mirrored
-    0.024
 """
 
 from __future__ import annotations
@@ -39,7 +30,7 @@ import torch
 from torch import Tensor
 
 from embforge.losses.base import EmbeddingLoss, cosine_matrix
-from embforge.losses.distill import kl_distill, kl_temperatures
+from embforge.losses.distill import KLTemperatures, kl_distill
 
 
 def off_diagonal(matrix: Tensor) -> Tensor:
@@ -63,6 +54,21 @@ def teacher_rows(labels: Tensor, columns: int) -> Tensor:
     )
 
 
+def similarity_matrices(student: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor]:
+    """The student's and the teacher's ``(N, N - 1)`` in-batch cosine matrices, diagonals removed.
+
+    Args:
+        student: ``(N, d)`` student embeddings.
+        teacher: ``(N, D)`` teacher embeddings of the same texts (any ``D``; no gradient flows into them).
+    """
+    if len(student) != len(teacher):
+        raise ValueError(f"{len(student)} student embeddings but {len(teacher)} teacher embeddings")
+    if len(student) < 3:
+        raise ValueError("similarity_distill needs at least 3 texts in a batch (2 others per text)")
+    teacher = teacher.to(student.device)
+    return off_diagonal(cosine_matrix(student, student)), off_diagonal(cosine_matrix(teacher, teacher))
+
+
 def similarity_distill(
     student: Tensor, teacher: Tensor, *, student_temperature: float, teacher_temperature: float
 ) -> Tensor:
@@ -72,24 +78,16 @@ def similarity_distill(
         \mathcal{L} = \tau_s^2\,\frac{1}{N}\sum_{i}\sum_{j\ne i} P^T_{ij}\big(\log P^T_{ij} - \log P^S_{ij}\big),
         \quad P^X_{i\cdot} = \mathrm{softmax}_{j \ne i}\big(\cos(x_i, x_j) / \tau_x\big)
 
-    Args:
-        student: ``(N, d)`` student embeddings.
-        teacher: ``(N, D)`` teacher embeddings of the same texts (any ``D``; no gradient flows into them).
-        student_temperature: ``τ_s`` (the loss is scaled by ``τ_s²``, as in :func:`kl_distill`).
-        teacher_temperature: ``τ_t``.
+    ``student`` ``(N, d)`` and ``teacher`` ``(N, D)`` embed the same texts (:func:`similarity_matrices`);
+    ``τ_s`` scales the loss by ``τ_s²``, as in :func:`kl_distill`.
     """
-    if len(student) != len(teacher):
-        raise ValueError(f"{len(student)} student embeddings but {len(teacher)} teacher embeddings")
-    if len(student) < 3:
-        raise ValueError("similarity_distill needs at least 3 texts in a batch (2 others per text)")
-    scores = off_diagonal(cosine_matrix(student, student))
-    targets = off_diagonal(cosine_matrix(teacher.to(student.device), teacher.to(student.device)))
+    scores, targets = similarity_matrices(student, teacher)
     return kl_distill(
         scores, targets, student_temperature=student_temperature, teacher_temperature=teacher_temperature
     )
 
 
-class SimilarityDistillLoss(EmbeddingLoss):
+class SimilarityDistillLoss(KLTemperatures, EmbeddingLoss):
     r"""The student's in-batch similarity distributions match the teacher's (``similarity_distill``).
 
     .. math::
@@ -109,22 +107,24 @@ class SimilarityDistillLoss(EmbeddingLoss):
     ``D_t`` need not equal the student's dimension. The temperatures default to 0.05 on both sides (cosines
     spread over about [-0.2, 0.8] within a batch); a teacher with a narrower spread wants a smaller ``τ_t``.
     Not measured yet on the held-out families (benchmarks/README.md).
+
+    Paper: Park et al., 2019, "Relational Knowledge Distillation"; Tung & Mori, 2019, "Similarity-Preserving
+    Knowledge Distillation" (see the module docstring).
+
+    Example:
+        >>> import torch
+        >>> loss = SimilarityDistillLoss(temperature=0.1)
+        >>> teacher = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.8, 0.0]])  # 3-d
+        >>> round(float(loss([teacher[:, :2]], teacher)), 6)  # a 2-d student with the same cosines
+        0.0
+        >>> round(float(loss([torch.tensor([[1.0, 0.0], [0.0, 1.0], [-0.6, 0.8]])], teacher)), 3)  # third mirrored
+        0.024
     """
 
     name = "similarity_distill"
     min_texts = 1
     needs_labels = True
-
-    def __init__(
-        self,
-        temperature: float = 0.05,
-        student_temperature: float | None = None,
-        teacher_temperature: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.student_temperature, self.teacher_temperature = kl_temperatures(
-            temperature, student_temperature, teacher_temperature
-        )
+    default_temperature = 0.05
 
     def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
         if labels.ndim not in (2, 3):
@@ -136,11 +136,5 @@ class SimilarityDistillLoss(EmbeddingLoss):
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         assert labels is not None
-        student = torch.cat(embeddings)
-        teacher = teacher_rows(labels, len(embeddings))
-        return similarity_distill(
-            student,
-            teacher,
-            student_temperature=self.student_temperature,
-            teacher_temperature=self.teacher_temperature,
-        )
+        student, teacher = torch.cat(embeddings), teacher_rows(labels, len(embeddings))
+        return self.kl(*similarity_matrices(student, teacher))

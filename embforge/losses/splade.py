@@ -1,32 +1,4 @@
-r"""SPLADE's loss: a ranking loss over sparse dot products + FLOPS regularisers that keep the vectors sparse.
-
-.. math::
-    \mathcal{L} = \underbrace{-\frac{1}{n}\sum_i \log \frac{e^{s\, q_i \cdot d_i^+}}
-    {\sum_{d \in \text{batch}} e^{s\, q_i \cdot d}}}_{\text{ranking (InfoNCE, dot product)}}
-    + w(t)\Big(\lambda_q \, \mathrm{FLOPS}(Q) + \lambda_d \, \mathrm{FLOPS}(D)\Big),
-    \qquad \mathrm{FLOPS}(X) = \sum_{j} \Big(\frac{1}{n}\sum_i x_{ij}\Big)^2
-
-``FLOPS`` (Paria et al., 2020) is the squared mean activation of each vocabulary dimension summed over the
-vocabulary: it approximates the number of multiplications of an inverted-index search and pushes rarely useful
-dimensions to zero. Queries (the first column) and documents (every other column: positives and negatives) get
-separate weights ``λ_q``, ``λ_d``; ``w(t) = min(1, (t / warmup_steps)^2)`` warms both up quadratically over the
-first training calls (the regularisers would otherwise zero the vectors before the ranking loss has shaped
-them). An inference-free model's queries come from a weight table and are usually not regularised
-(``query_weight=0``). ``threshold`` drops rows with at most that many active dimensions from a FLOPS term
-(FLOPS with an l0 mask).
-
-Equals sentence-transformers' ``SpladeLoss(SparseMultipleNegativesRankingLoss(scale=s), document_regularizer_weight=λ_d,
-query_regularizer_weight=λ_q)`` at full weight.
-
-Columns: ``query, positive[, negative_1, ...]``.
-
-Example:
-    >>> import torch
-    >>> loss = SpladeLoss(query_weight=5e-5, document_weight=3e-5)
-    >>> q, d = torch.rand(4, 30), torch.rand(4, 30)
-    >>> bool(loss([q, d]) > 0)
-    True
-"""
+"""SPLADE's loss for sparse models: a ranking loss over sparse dot products + FLOPS regularisers."""
 
 from __future__ import annotations
 
@@ -45,7 +17,44 @@ def flops(x: Tensor, threshold: int | None = None) -> Tensor:
 
 
 class SpladeLoss(EmbeddingLoss):
-    """InfoNCE over dot products + separately weighted, warmed-up FLOPS terms (see the module docstring)."""
+    r"""InfoNCE over sparse dot products + separately weighted, warmed-up FLOPS terms (``splade``).
+
+    .. math::
+        \mathcal{L} = \underbrace{-\frac{1}{n}\sum_i \log \frac{e^{s\, q_i \cdot d_i^+}}
+        {\sum_{d \in \text{batch}} e^{s\, q_i \cdot d}}}_{\text{ranking (InfoNCE, dot product)}}
+        + w(t)\Big(\lambda_q \, \mathrm{FLOPS}(Q) + \lambda_d \, \mathrm{FLOPS}(D)\Big),
+        \qquad \mathrm{FLOPS}(X) = \sum_{j} \Big(\frac{1}{n}\sum_i x_{ij}\Big)^2
+
+    ==========================================  ==============================================================
+    text columns                                labels
+    ==========================================  ==============================================================
+    ``query, positive``                         none (the other rows' positives are the negatives)
+    ``query, positive, negative_1..k``          none (every document column is regularised as ``D``)
+    ==========================================  ==============================================================
+
+    ``FLOPS`` is the squared mean activation of each vocabulary dimension summed over the vocabulary: it
+    approximates the number of multiplications of an inverted-index search and pushes rarely useful dimensions
+    to zero. Queries (the first column) and documents (every other column) get separate weights ``λ_q``
+    (``query_weight``), ``λ_d`` (``document_weight``); ``w(t) = min(1, (t / warmup_steps)^2)`` warms both up
+    quadratically over the first training calls (the regularisers would otherwise zero the vectors before the
+    ranking loss has shaped them). An inference-free model's queries come from a weight table and are usually not
+    regularised (``query_weight=0``). ``threshold`` drops rows with at most that many active dimensions from a
+    FLOPS term (FLOPS with an l0 mask). Equals sentence-transformers' ``SpladeLoss(
+    SparseMultipleNegativesRankingLoss(scale=s), document_regularizer_weight=λ_d, query_regularizer_weight=λ_q)``
+    at full weight (tested).
+
+    Paper: Formal et al., 2021, "SPLADE: Sparse Lexical and Expansion Model for First Stage Ranking"; the FLOPS
+    regulariser from Paria et al., 2020, "Minimizing FLOPs to Learn Efficient Sparse Representations".
+
+    Example:
+        >>> import torch
+        >>> loss = SpladeLoss(query_weight=0.5, document_weight=0.25)
+        >>> q, d = torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]])  # one pair: ranking term 0
+        >>> float(loss([q, d]))  # 0.5 * FLOPS(q) + 0.25 * FLOPS(d) = 0.5 * 2² + 0.25 * 1²
+        2.25
+        >>> loss.terms["query_flops"]
+        tensor(4.)
+    """
 
     name = "splade"
     in_batch_negatives = True
