@@ -1,7 +1,7 @@
 """Encode throughput on CPU, fastest path against fastest path: embforge's backends vs sentence-transformers'.
 
 embforge: PyTorch, ONNX Runtime fp32 / dynamic int8, OpenVINO fp32 / static int8 (NNCF, calibrated on STS-B *train*
-sentences) — the backends ``embforge serve --backend`` offers (:mod:`embforge.modeling.backends`).
+sentences) — the backends ``embforge serve --backend`` offers (:mod:`embforge.onnx.backends`).
 sentence-transformers: PyTorch, OpenVINO fp32 (``backend="openvino"``) and OpenVINO static int8
 (``export_static_quantized_openvino_model``, calibrated offline on the same STS-B train sentences from a local CSV).
 Its OpenVINO backend needs ``optimum-intel``, whose pins conflict with embforge's, so the sentence-transformers runners
@@ -138,8 +138,8 @@ def main() -> None:
 
     from embforge.data.paths import data_root
     from embforge.data.tables import read_table
-    from embforge.modeling.backends import load_embedder
     from embforge.modeling.resolve import resolve_model_path
+    from embforge.onnx.backends import load_embedder
 
     columns = "0=sentence1,1=sentence2,2=score"
     data = read_table(data_root() / "stsb_en" / "stsb-en-test.csv", header=None, columns=columns)

@@ -44,7 +44,7 @@ from embforge.modeling.st_folder import embforge_version as _version  # noqa: F4
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.onnx.runtime import OnnxEncoder
 
 # Real tokens per padding-free inference forward (Encoder.batch_plan). On an accelerator each forward's fixed
 # number of operations are kernel launches, so chunks are large; on a CPU an operation costs microseconds and a
@@ -256,10 +256,10 @@ class Encoder(BatchEncoding, TransformerModule):
         Options given here override what the folder says. A plain HF folder gets mean pooling, no
         normalisation and ``max_seq_length = min(512, tokenizer.model_max_length)`` unless told otherwise.
         ``backend="onnx"`` loads an ``embforge export onnx`` folder (or one ``.onnx`` file in it, e.g. the int8
-        graph) as an :class:`~embforge.modeling.onnx_runtime.OnnxEncoder` with the same ``encode()`` (CPU only).
+        graph) as an :class:`~embforge.onnx.runtime.OnnxEncoder` with the same ``encode()`` (CPU only).
         """
         if backend == "onnx":
-            from embforge.modeling.onnx_runtime import OnnxEncoder
+            from embforge.onnx.runtime import OnnxEncoder
 
             if device is not None and str(device) != "cpu":
                 raise ValueError(f"the onnx backend runs on the CPU; device={device!r} is not supported")

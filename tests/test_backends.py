@@ -29,18 +29,18 @@ def test_each_backend_serves_the_torch_vectors_and_the_export_is_cached(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     pytest.importorskip("onnxruntime")
-    import embforge.export
+    import embforge.onnx.export
     from embforge.encoder import Encoder
-    from embforge.modeling.backends import load_embedder
+    from embforge.onnx.backends import load_embedder
 
     exports: list[str] = []
-    original = embforge.export.export_onnx
+    original = embforge.onnx.export.export_onnx
 
     def counting(*args, **kwargs):
         exports.append(str(args[1]))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(embforge.export, "export_onnx", counting)
+    monkeypatch.setattr(embforge.onnx.export, "export_onnx", counting)
     reference = Encoder.load(tiny_model_dir).encode(TEXTS)
     backends = {"torch": 0.99999, "onnx": 0.99999, "onnx-int8": 0.95}
     try:
@@ -67,7 +67,7 @@ def test_each_backend_serves_the_torch_vectors_and_the_export_is_cached(
 
 
 def test_auto_picks_openvino_int8_only_with_calibration_texts():
-    from embforge.modeling.backends import choose_backend
+    from embforge.onnx.backends import choose_backend
 
     pytest.importorskip("onnxruntime")
     assert choose_backend() == "onnx-int8"

@@ -183,8 +183,8 @@ def test_save_and_load_round_trip_and_plain_hf_folder_defaults_to_last_token(tmp
 
 def test_onnx_export_keeps_last_token_pooling_and_eos(tmp_path):
     pytest.importorskip("onnxruntime")
-    from embforge.export import export_onnx
-    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.onnx.export import export_onnx
+    from embforge.onnx.runtime import OnnxEncoder
 
     encoder = make_decoder_encoder("qwen3")
     encoder.save(tmp_path / "model")

@@ -26,8 +26,8 @@ def test_bi_encoder_graph_matches_torch_with_dynamic_axes(tiny_model_dir: Path, 
     import onnx
 
     from embforge.encoder import Encoder
-    from embforge.export import export_onnx
-    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.onnx.export import export_onnx
+    from embforge.onnx.runtime import OnnxEncoder
 
     out = tmp_path / "onnx"
     report = export_onnx(tiny_model_dir, out, parity_texts=SENTENCES)
@@ -61,7 +61,7 @@ def test_pooling_normalisation_and_truncation_live_inside_the_graph(tmp_path: Pa
     import onnxruntime as ort
 
     from embforge.encoder import Encoder
-    from embforge.export import export_onnx
+    from embforge.onnx.export import export_onnx
 
     tokenizer = make_tokenizer()
     model = Encoder(
@@ -81,7 +81,7 @@ def test_pooling_normalisation_and_truncation_live_inside_the_graph(tmp_path: Pa
 
 
 def test_parity_failure_fails_the_export(tiny_model_dir: Path, tmp_path: Path):
-    from embforge.export import ExportParityError, export_onnx
+    from embforge.onnx.export import ExportParityError, export_onnx
 
     with pytest.raises(ExportParityError, match=r"model\.onnx: parity check failed"):
         export_onnx(tiny_model_dir, tmp_path / "onnx", min_cosine=1.5)
@@ -89,7 +89,7 @@ def test_parity_failure_fails_the_export(tiny_model_dir: Path, tmp_path: Path):
 
 def test_int8_graph_is_written_and_close(tiny_model_dir: Path, tmp_path: Path):
     from embforge.encoder import Encoder
-    from embforge.export import export_onnx
+    from embforge.onnx.export import export_onnx
 
     report = export_onnx(tiny_model_dir, tmp_path / "onnx", quantize="int8", parity_texts=SENTENCES)
     assert (tmp_path / "onnx" / "model_int8.onnx").stat().st_size < (
@@ -107,8 +107,8 @@ def test_cross_encoder_export_matches_predict(tmp_path: Path):
     from transformers import BertConfig, BertForSequenceClassification
 
     from embforge.cross_encoder import CrossEncoder
-    from embforge.export import export_onnx
-    from embforge.modeling.onnx_runtime import OnnxCrossEncoder
+    from embforge.onnx.export import export_onnx
+    from embforge.onnx.runtime import OnnxCrossEncoder
 
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
@@ -157,7 +157,7 @@ def test_cli_export_prints_report(tiny_model_dir: Path, tmp_path: Path, capsys: 
 @pytest.mark.integration
 @requires_minilm
 def test_minilm_export_parity_and_int8(tmp_path: Path):
-    from embforge.export import export_onnx
+    from embforge.onnx.export import export_onnx
 
     report = export_onnx("all-MiniLM-L6-v2", tmp_path / "onnx", quantize="int8")
     assert report["parity"]["fp32_min_cosine"] >= 0.9999

@@ -170,7 +170,7 @@ def test_reopening_a_store_with_another_kind_names_both(tmp_path: Path):
 def test_an_onnx_export_of_the_building_model_is_the_same_model(tiny_model_dir: Path, tmp_path: Path):
     pytest.importorskip("onnxruntime")
     from embforge.encoder import Encoder
-    from embforge.export import export_onnx
+    from embforge.onnx.export import export_onnx
     from embforge.serve.store import model_identity
 
     export_onnx(tiny_model_dir, tmp_path / "onnx", parity_texts=["a man plays the guitar", "the cat"])

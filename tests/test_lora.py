@@ -277,8 +277,8 @@ def test_a_seed_fixes_the_initial_adapters_and_leaves_the_global_generator_alone
 
 def test_onnx_export_of_a_lora_folder_uses_the_merged_weights(tmp_path, tiny_encoder):
     pytest.importorskip("onnxruntime")
-    from embforge.export import export_onnx
-    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.onnx.export import export_onnx
+    from embforge.onnx.runtime import OnnxEncoder
 
     apply_lora(tiny_encoder, r=4)
     nonzero_adapters(tiny_encoder)

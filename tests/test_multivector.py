@@ -199,8 +199,8 @@ def test_server_returns_token_vectors_and_searches_by_maxsim(colbert: MultiVecto
 
 
 def test_model_card_export_and_merge_know_the_kind(colbert: MultiVectorEncoder, tmp_path: Path) -> None:
-    from embforge.export import export_onnx
     from embforge.merge import Merger
+    from embforge.onnx.export import export_onnx
     from embforge.training.model_card import write_model_card
 
     colbert.save(tmp_path / "colbert")

@@ -309,7 +309,7 @@ def test_real_uvicorn_on_loopback_with_graceful_shutdown(tiny_encoder, tmp_path:
 def test_onnx_backend_serves_the_same_vectors_as_its_encode(tiny_model_dir: Path, tmp_path: Path):
     pytest.importorskip("onnxruntime")
     from embforge.encoder import Encoder
-    from embforge.export import export_onnx
+    from embforge.onnx.export import export_onnx
 
     export_onnx(tiny_model_dir, tmp_path / "onnx", parity_texts=TEXTS)
     model = Encoder.load(tmp_path / "onnx", backend="onnx")

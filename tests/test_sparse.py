@@ -322,8 +322,8 @@ def test_sparse_train_evaluate_save_load_in_sentence_transformers_and_serve(mlm_
 
 
 def test_sparse_models_are_refused_clearly_by_export_and_merge(mlm_dir, tmp_path):
-    from embforge.export import export_onnx
     from embforge.merge import Merger
+    from embforge.onnx.export import export_onnx
     from embforge.sparse.model import SparseEncoder
 
     SparseEncoder.load(mlm_dir).save(tmp_path / "splade")

@@ -118,8 +118,8 @@ def test_static_model_trains_evaluates_saves_and_loads_in_sentence_transformers(
 
 
 def test_static_models_are_refused_clearly_by_export_and_merge(static_dir, tmp_path):
-    from embforge.export import export_onnx
     from embforge.merge import Merger
+    from embforge.onnx.export import export_onnx
 
     with pytest.raises(ValueError, match="static embedding model: there is no transformer to export"):
         export_onnx(static_dir, tmp_path / "onnx")

@@ -25,7 +25,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def run_export(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.export import export_onnx
+    from embforge.onnx.export import export_onnx
 
     texts = None
     if args.parity_data:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from embforge.cli.common import DEFAULT_MODEL, add_index_kind_arg, config_from_args, parse_options
-from embforge.modeling.backends import BACKENDS
+from embforge.onnx.backends import BACKENDS
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:

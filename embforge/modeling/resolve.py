@@ -74,7 +74,7 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
 
 
 # a folder holding one of these is a model folder: transformers' config, sentence-transformers' module list, an
-# ONNX export's record (modeling/onnx_runtime.py)
+# ONNX export's record (onnx/runtime.py)
 MODEL_MARKERS = ("config.json", "modules.json", "embforge_onnx.json")
 
 

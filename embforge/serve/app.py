@@ -424,10 +424,10 @@ def create_app(
 
     Args:
         model: An embedder — :class:`~embforge.encoder.Encoder` (torch), or an exported runtime
-            (:class:`~embforge.modeling.onnx_runtime.OnnxEncoder`, OpenVINO) — or several as ``{name: model}``
+            (:class:`~embforge.onnx.runtime.OnnxEncoder`, OpenVINO) — or several as ``{name: model}``
             (the first is the default and the one ``/search`` uses).
         reranker: Optional :class:`~embforge.cross_encoder.CrossEncoder` or
-            :class:`~embforge.modeling.onnx_runtime.OnnxCrossEncoder` for ``/rerank``, or several by name.
+            :class:`~embforge.onnx.runtime.OnnxCrossEncoder` for ``/rerank``, or several by name.
         store: Optional :class:`DocumentStore` for ``/search`` and ``/index/documents`` (saved at shutdown).
         config: Limits, batching, auth (default :class:`ServeConfig`).
         ranges: int8/uint8 calibration ranges by embedder name (default: those saved beside each model).

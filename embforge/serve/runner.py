@@ -23,9 +23,9 @@ def load_encoder(
     threads: int | None = None,
     calibration: Sequence[str] | None = None,
 ) -> Any:
-    """A bi-encoder on ``backend`` (:func:`embforge.modeling.backends.load_embedder`: torch, onnx, onnx-int8,
+    """A bi-encoder on ``backend`` (:func:`embforge.onnx.backends.load_embedder`: torch, onnx, onnx-int8,
     openvino, openvino-int8, or auto, the fastest here); a model folder is exported on the fly (cached)."""
-    from embforge.modeling.backends import load_embedder
+    from embforge.onnx.backends import load_embedder
 
     return load_embedder(model, backend=backend, threads=threads, calibration=calibration)
 
@@ -34,7 +34,7 @@ def load_reranker(model: str, *, threads: int | None = None) -> Any:
     """A :class:`CrossEncoder`, or an :class:`OnnxCrossEncoder` when ``model`` is an ONNX export."""
     path = Path(model)
     if path.suffix == ".onnx" or (path / "embforge_onnx.json").is_file():
-        from embforge.modeling.onnx_runtime import OnnxCrossEncoder
+        from embforge.onnx.runtime import OnnxCrossEncoder
 
         return OnnxCrossEncoder.load(path, threads=threads)
     from embforge.cross_encoder import CrossEncoder

@@ -243,7 +243,7 @@ def _export_bi_encoder(
     min_cosine: float,
 ) -> dict[str, Any]:
     from embforge.encoder import Encoder
-    from embforge.modeling.onnx_runtime import OnnxEncoder
+    from embforge.onnx.runtime import OnnxEncoder
 
     encoder = Encoder.load(source)
     from embforge.retrieval.corpus_cache import model_fingerprint
@@ -310,7 +310,7 @@ def _export_cross_encoder(
     max_score_diff: float,
 ) -> dict[str, Any]:
     from embforge.cross_encoder import CrossEncoder
-    from embforge.modeling.onnx_runtime import OnnxCrossEncoder
+    from embforge.onnx.runtime import OnnxCrossEncoder
 
     ce = CrossEncoder.load(source)
     if uses_adapters(ce.model):  # a LoRA folder: the graph gets the merged weights

@@ -58,8 +58,8 @@ def export_key(folder: Path) -> str:
 def cached_export(model: str | os.PathLike, *, cache: Path | None = None) -> Path:
     """An ONNX export folder (fp32 + dynamic int8) of ``model``: the folder itself when it is an export, else a
     cached export made now if missing."""
-    from embforge.modeling.onnx_runtime import META_FILE
     from embforge.modeling.resolve import resolve_model_path
+    from embforge.onnx.runtime import META_FILE
 
     given = Path(model)
     if (given / META_FILE).is_file() or given.suffix == ".onnx":
@@ -67,7 +67,7 @@ def cached_export(model: str | os.PathLike, *, cache: Path | None = None) -> Pat
     source = resolve_model_path(model)
     target = (cache or cache_root()) / "exports" / export_key(source)
     if not (target / META_FILE).is_file() or not (target / "model_int8.onnx").is_file():
-        from embforge.export import export_onnx
+        from embforge.onnx.export import export_onnx
 
         export_onnx(source, target, quantize="int8")
     return target
@@ -113,11 +113,11 @@ def load_embedder(
         return Encoder.load(model)
     export = cached_export(model, cache=cache)
     if backend.startswith("onnx"):
-        from embforge.modeling.onnx_runtime import OnnxEncoder
+        from embforge.onnx.runtime import OnnxEncoder
 
         graph = export / "model_int8.onnx" if backend == "onnx-int8" and export.is_dir() else export
         return OnnxEncoder.load(graph, threads=threads)
-    from embforge.modeling.openvino_runtime import INT8_IR, OpenVinoEncoder, quantize_openvino_int8
+    from embforge.onnx.openvino import INT8_IR, OpenVinoEncoder, quantize_openvino_int8
 
     if backend == "openvino":
         return OpenVinoEncoder.load(export, threads=threads)

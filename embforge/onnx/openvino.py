@@ -1,7 +1,7 @@
 """Run an exported bi-encoder with OpenVINO on the CPU, in fp32 or static int8 (NNCF post-training quantisation).
 
-:class:`OpenVinoEncoder` reads the same export folder as :class:`~embforge.modeling.onnx_runtime.OnnxEncoder`
-(:func:`embforge.export.export_onnx`): OpenVINO compiles the ONNX graph directly, or an IR (``.xml`` + ``.bin``)
+:class:`OpenVinoEncoder` reads the same export folder as :class:`~embforge.onnx.runtime.OnnxEncoder`
+(:func:`embforge.onnx.export.export_onnx`): OpenVINO compiles the ONNX graph directly, or an IR (``.xml`` + ``.bin``)
 written beside it. :func:`quantize_openvino_int8` writes ``openvino_int8.xml``: weights *and* activations in int8,
 calibrated by NNCF on texts you give (real texts like the served ones; a few hundred are enough), so the int8
 matrix products run end to end on VNNI/AMX units instead of quantising activations at run time as onnxruntime's
@@ -24,7 +24,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.modeling.encoding import BatchEncoding
-from embforge.modeling.onnx_runtime import _load_tokenizer, _pad, read_export_meta
+from embforge.onnx.runtime import _load_tokenizer, _pad, read_export_meta
 
 INT8_IR = "openvino_int8.xml"
 # OpenVINO's CPU plugin prepares kernels per input shape: a shape it has not seen costs ~2.7x a seen one (MiniLM

@@ -1,7 +1,7 @@
 """Run exported ONNX graphs with onnxruntime behind the same API as the PyTorch models.
 
 :class:`OnnxEncoder` has :meth:`Encoder.encode` (one implementation: :mod:`embforge.modeling.encoding`);
-:class:`OnnxCrossEncoder` has ``predict(pairs)``. Both read a folder written by :func:`embforge.export.export_onnx` (graph, tokenizer files and
+:class:`OnnxCrossEncoder` has ``predict(pairs)``. Both read a folder written by :func:`embforge.onnx.export.export_onnx` (graph, tokenizer files and
 ``embforge_onnx.json``). Pooling, normalisation and any Matryoshka truncation run inside the graph.
 
 Example:
