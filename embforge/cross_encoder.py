@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from embforge.kinds import ModelKind
 from embforge.modeling.dropout import text_keys
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TransformerModule
@@ -57,6 +58,7 @@ class CrossEncoder(Tokenized, TransformerModule):
         (1,)
     """
 
+    kind: ClassVar[ModelKind] = ModelKind.CROSS
     name_or_path: str | None = None  # set by load()
     peft_slot = ("model", "SEQ_CLS")  # peft keeps the classification head fully trainable (modules_to_save)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict, overload
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from embforge.kinds import ModelKind
 from embforge.modeling.decoder import backbone_hidden, eos_to_append, is_decoder_backbone
 from embforge.modeling.decoder_packing import packed_decoder_hidden, supports_decoder_packing
 from embforge.modeling.dense import ST_DENSE, Dense
@@ -71,6 +72,7 @@ class Encoder(BatchEncoding, TransformerModule):
         (2, 384)
     """
 
+    kind: ClassVar[ModelKind] = ModelKind.DENSE
     name_or_path: str | None = None  # set by load()
 
     def __init__(

@@ -15,10 +15,15 @@ import importlib
 import json
 import os
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import MODULES_FILE, has_modules, read_st_config
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from embforge.protocols import PairScorer
 
 
 class ModelKind(str, Enum):
@@ -70,6 +75,11 @@ def kind_of(model: object) -> ModelKind:
     """The kind a model instance declares (``type(model).kind``); dense for classes that predate kinds."""
     declared = getattr(type(model), "kind", None)
     return parse_kind(declared) if declared is not None else ModelKind.DENSE
+
+
+def is_pair_scorer(model: object) -> TypeIs[PairScorer]:
+    """Whether ``model`` declares itself a cross-encoder (:attr:`ModelKind.CROSS`): it scores pairs."""
+    return kind_of(model) == ModelKind.CROSS
 
 
 # sentence-transformers' ``config_sentence_transformers.json`` ``model_type`` -> kind

@@ -8,19 +8,23 @@ optimistic and flagged by ``threshold_on_dev: false`` in the result.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embforge.data.tables import Dataset
 from embforge.evaluate.similarity import correlations
+from embforge.kinds import is_pair_scorer
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
 
 
-def score_pairs(model: Any, data: Dataset, *, batch_size: int = 64) -> np.ndarray:
+def score_pairs(model: Embedder | PairScorer, data: Dataset, *, batch_size: int = 64) -> np.ndarray:
     """One similarity score per ``(sentence1, sentence2)`` row: cross-encoder output or bi-encoder cosine."""
     data.require(["sentence1", "sentence2"], purpose="pair scoring")
     texts1, texts2 = data.columns["sentence1"], data.columns["sentence2"]
-    if hasattr(model, "predict"):  # a cross-encoder
+    if is_pair_scorer(model):  # a cross-encoder
         scores = model.predict(list(zip(texts1, texts2)), batch_size=batch_size)
         return np.asarray(scores if scores.ndim == 1 else scores[:, -1], dtype=np.float64)
     unique = list(dict.fromkeys(texts1 + texts2))
@@ -97,7 +101,7 @@ def classification_metrics(scores: np.ndarray, labels: np.ndarray, threshold: fl
 
 
 def evaluate_pairs(
-    model: Any, data: Dataset, *, dev: Dataset | None = None, batch_size: int = 64
+    model: Embedder | PairScorer, data: Dataset, *, dev: Dataset | None = None, batch_size: int = 64
 ) -> dict[str, float]:
     """Pair-classification metrics (0–100) of a bi- or cross-encoder on ``data`` (``sentence1, sentence2, label``).
 

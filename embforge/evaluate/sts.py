@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from embforge.data.tables import Dataset
-from embforge.encoder import Encoder
 from embforge.evaluate.similarity import correlations, pair_scores
+from embforge.kinds import is_pair_scorer
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
 
 
-def evaluate_sts(model: Encoder | Any, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:
+def evaluate_sts(model: Embedder | PairScorer, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:
     """Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity against ``score`` (or ``label``).
 
     ``model`` may also be a :class:`~embforge.cross_encoder.CrossEncoder`: its pair scores are correlated instead
@@ -25,7 +28,7 @@ def evaluate_sts(model: Encoder | Any, data: Dataset, *, batch_size: int = 64) -
         data.require(["score"], purpose="STS evaluation")
         raise AssertionError  # unreachable: require() raised
     texts1, texts2 = data.columns["sentence1"], data.columns["sentence2"]
-    if not isinstance(model, Encoder) and hasattr(model, "predict"):  # a cross-encoder: pair scores directly
+    if is_pair_scorer(model):  # a cross-encoder: pair scores directly
         corr = correlations(model.predict(list(zip(texts1, texts2)), batch_size=batch_size), gold)
         return {"spearman": corr["spearman"], "pearson": corr["pearson"], "n": float(len(data))}
     # encode the unique texts once: pairs often share sentences
@@ -44,10 +47,10 @@ def evaluate_sts(model: Encoder | Any, data: Dataset, *, batch_size: int = 64) -
     return result
 
 
-def sts_evaluator(data: Dataset, *, batch_size: int = 64) -> Callable[[Encoder], dict[str, float]]:
+def sts_evaluator(data: Dataset, *, batch_size: int = 64) -> Callable[[Embedder], dict[str, float]]:
     """An evaluator for the trainer: ``model -> metrics`` whose main metric is ``spearman``."""
 
-    def run(model: Encoder) -> dict[str, float]:
+    def run(model: Embedder) -> dict[str, float]:
         return evaluate_sts(model, data, batch_size=batch_size)
 
     return run

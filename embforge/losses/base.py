@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from embforge.data.tables import Dataset
+    from embforge.protocols import Embedder
 
 
 def check_temperature(temperature: float) -> float:
@@ -16,13 +20,8 @@ def check_temperature(temperature: float) -> float:
     return float(temperature)
 
 
-class EmbeddingLoss(nn.Module):
-    """Base class of bi-encoder losses.
-
-    Subclasses implement ``forward(embeddings, labels)`` where ``embeddings[k]`` is the ``(batch, dim)``
-    embedding of the k-th text column (in :attr:`embforge.data.tables.Dataset.text_columns` order).
-
-    Class attributes tell the trainer what data the loss needs:
+class BaseLoss(nn.Module):
+    """Base class of every loss: the class attributes that tell the trainer what data the loss needs.
 
     - ``min_texts`` / ``max_texts``: how many text columns it accepts;
     - ``needs_labels``: whether a ``score`` or ``label`` column is required;
@@ -30,6 +29,10 @@ class EmbeddingLoss(nn.Module):
     - ``fixed_dim``: the loss owns parameters sized to the embedding (cannot be truncated by Matryoshka);
     - ``in_batch_negatives``: rows are scored against the other rows of the batch (so the sampler never puts the
       same text twice in one batch: it would be its own false negative).
+
+    What the loss takes is declared by the subclass it derives from: :class:`EmbeddingLoss` (the embeddings of
+    each text column) or :class:`embforge.losses.cross.CrossLoss` (pair scores). Together they satisfy
+    :class:`embforge.protocols.Loss`.
     """
 
     name = "loss"
@@ -44,7 +47,15 @@ class EmbeddingLoss(nn.Module):
         """Turn a whole data set's labels into what ``forward`` expects (called once per task)."""
         return labels
 
-    def start_from(self, model: Any, data: Any) -> None:
+
+class EmbeddingLoss(BaseLoss):
+    """Base class of bi-encoder losses.
+
+    Subclasses implement ``forward(embeddings, labels)`` where ``embeddings[k]`` is the ``(batch, dim)``
+    embedding of the k-th text column (in :attr:`embforge.data.tables.Dataset.text_columns` order).
+    """
+
+    def start_from(self, model: Embedder, data: Dataset) -> None:
         """Set data-dependent starting values before training (called once per task with the model to train)."""
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:  # pragma: no cover

@@ -15,10 +15,10 @@ name           data                                  formula
                ``(n, m)``                            (:func:`embforge.losses.distill.kl_distill`)
 =============  ====================================  =============================================================
 
-Every loss sees tensors only: the trainer scores the pairs with the model and passes the logits. They carry the
-same class attributes as :class:`~embforge.losses.base.EmbeddingLoss` (``min_texts``, ``max_texts``,
-``needs_labels``) so :meth:`embforge.training.tasks.Task.validate` checks the data for them, plus ``grouped`` (the scores
-arrive as ``(queries, candidates)``).
+Every loss sees tensors only: the trainer scores the pairs with the model and passes the logits. They declare the
+class attributes of :class:`~embforge.losses.base.BaseLoss` (``min_texts``, ``max_texts``, ``needs_labels``) so
+:meth:`embforge.training.tasks.Task.validate` checks the data for them, plus ``grouped`` (the scores arrive as
+``(queries, candidates)``).
 
 Example:
     >>> import torch
@@ -34,30 +34,23 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from embforge.losses.base import BaseLoss
 from embforge.losses.cosent import cosent
 from embforge.losses.distill import KLTemperatures, margin_mse
 
 
-class CrossLoss(nn.Module):
+class CrossLoss(BaseLoss):
     """Base class of cross-encoder losses: ``forward(logits, labels) -> scalar``.
 
     ``logits`` is ``(batch, num_labels)`` for pointwise losses and ``(queries, candidates)`` for grouped ones.
     """
 
     name = "cross"
-    min_texts = 2
     max_texts: int | None = 2
     needs_labels = True
-    repeat_single_text = False
-    fixed_dim = False
     grouped = False
-    scores_in = True  # marks a cross-encoder loss (vs. an embedding loss)
-
-    def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
-        """Turn a whole data set's labels into what ``forward`` expects (called once per task)."""
-        return labels
 
     def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:  # pragma: no cover
         raise NotImplementedError

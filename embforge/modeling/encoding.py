@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import ClassVar
 
 import numpy as np
 
+from embforge.kinds import ModelKind
 from embforge.modeling.padding import sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
@@ -27,6 +29,7 @@ class BatchEncoding(PromptTokenizing):
     """Mixin: :meth:`encode` for a runtime with ``dim``, ``normalize`` and :meth:`embed_batch`
     (plus :class:`PromptTokenizing`'s attributes)."""
 
+    kind: ClassVar[ModelKind] = ModelKind.DENSE  # exported graphs and static models are bi-encoders
     normalize: bool
 
     @property

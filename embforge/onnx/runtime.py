@@ -17,11 +17,12 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from embforge._optional import require
+from embforge.kinds import ModelKind
 from embforge.modeling.encoding import BatchEncoding
 
 META_FILE = "embforge_onnx.json"
@@ -135,6 +136,8 @@ class OnnxEncoder(BatchEncoding):
 
 class OnnxCrossEncoder:
     """A cross-encoder running an exported graph: ``predict(pairs)`` -> one score per pair."""
+
+    kind: ClassVar[ModelKind] = ModelKind.CROSS
 
     def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any]) -> None:
         self.session = session

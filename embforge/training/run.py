@@ -132,9 +132,11 @@ def make_loss(
     return loss
 
 
-def is_cross_encoder(model: Any) -> bool:
-    """Whether ``model`` scores pairs (a :class:`~embforge.cross_encoder.CrossEncoder`)."""
-    return hasattr(model, "score_ids")
+def is_cross_encoder(model: object) -> bool:
+    """Whether ``model`` scores pairs: its declared kind is :attr:`~embforge.kinds.ModelKind.CROSS`."""
+    from embforge.kinds import ModelKind, kind_of
+
+    return kind_of(model) == ModelKind.CROSS
 
 
 def make_evaluator(path: str, model: Any, *, columns: str | dict[str, str] | None = None) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -24,7 +24,16 @@ from torch import Tensor
 
 from embforge.data.sources import RowSource
 from embforge.data.tables import DataError, Dataset
+from embforge.kinds import ModelKind, kind_of
+from embforge.losses.base import EmbeddingLoss
+from embforge.losses.cross import CrossLoss
+from embforge.protocols import Loss, PairIds
 from embforge.sparse.model import mark_queries
+
+if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
+    from embforge.multivector.model import MultiVectorEncoder
+    from embforge.protocols import TextTokenizing, TrainableModel
 
 
 @dataclass
@@ -33,7 +42,7 @@ class Task:
 
     name: str
     data: Dataset | RowSource
-    loss: Any
+    loss: Loss
     weight: float = 1.0
     prompts: dict[str, str] = field(default_factory=dict)
 
@@ -115,13 +124,14 @@ class PreparedEmbeddingTask:
     tokenised ahead, so a corpus of any size costs no time or memory before the first step.
     """
 
-    def __init__(self, task: Task, model: Any) -> None:
+    def __init__(self, task: Task, model: TextTokenizing) -> None:
         task.validate()
-        if getattr(task.loss, "scores_in", False):
+        if not isinstance(task.loss, EmbeddingLoss):
             raise ValueError(
                 f"task {task.name!r}: loss {task.loss.name!r} is a cross-encoder loss; a bi-encoder needs an "
                 "embedding loss (see embforge.losses.LOSSES)"
             )
+        self.loss = task.loss
         self.task = task
         self.model = model
         self.names = task.data.text_columns
@@ -151,7 +161,7 @@ class PreparedEmbeddingTask:
 
     def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor:
         """The task's loss of the model's outputs for ``inputs(rows)`` (split into one tensor per column)."""
-        return self.task.loss(list(outputs.split(len(outputs) // (len(self.names) * self.copies))), labels)
+        return self.loss(list(outputs.split(len(outputs) // (len(self.names) * self.copies))), labels)
 
 
 class PreparedCrossTask:
@@ -163,28 +173,29 @@ class PreparedCrossTask:
     The model's outputs are pair logits; :meth:`loss_fn` shapes them as the loss expects.
     """
 
-    def __init__(self, task: Task, model: Any) -> None:
+    def __init__(self, task: Task, model: CrossEncoder) -> None:
         task.validate()
-        if not getattr(task.loss, "scores_in", False):
+        if not isinstance(task.loss, CrossLoss):
             raise ValueError(
                 f"task {task.name!r}: loss {task.loss.name!r} is a bi-encoder loss; a cross-encoder needs one of "
                 "bce, ce, cosent, mse, listwise"
             )
+        self.loss = task.loss
         self.task = task
         self.model = model
-        self.grouped = bool(task.loss.grouped)
+        self.grouped = task.loss.grouped
         self.names = task.data.text_columns
         self.in_batch = self.grouped and len(self.names) == 2
         self.rows = _RowBatches(task, with_labels=not self.grouped)  # listwise: the loss sees scores only
         self.lengths = TokenLengths(self)
 
-    def pairs(self, rows: Sequence[int]) -> list[list[Any]]:
+    def pairs(self, rows: Sequence[int]) -> list[list[PairIds]]:
         """Per candidate column, the tokenised pairs (first column's text, candidate) of ``rows``."""
         batch = self.rows.fetch(rows)
         first = batch[self.names[0]]
         return [self.model.tokenize_ids(first, batch[c]) for c in self.names[1:]]
 
-    def inputs(self, rows: Sequence[int]) -> list[Any]:
+    def inputs(self, rows: Sequence[int]) -> list[PairIds]:
         if self.in_batch:  # every query with every positive of the batch
             batch = self.rows.fetch(rows)
             queries, positives = batch[self.names[0]], batch[self.names[1]]
@@ -208,23 +219,22 @@ class PreparedCrossTask:
         """The task's loss of the pair logits for ``inputs(rows)``."""
         if self.in_batch:
             n = round(len(outputs) ** 0.5)
-            return self.task.loss(outputs[:, 0].view(n, n), labels)
+            return self.loss(outputs[:, 0].view(n, n), labels)
         if self.grouped:
-            return self.task.loss(outputs[:, 0].view(-1, len(self.names) - 1), None)
-        return self.task.loss(outputs, labels)
+            return self.loss(outputs[:, 0].view(-1, len(self.names) - 1), None)
+        return self.loss(outputs, labels)
 
 
 PreparedTask = PreparedEmbeddingTask | PreparedCrossTask
 
 
-def prepare(task: Task, model: Any) -> PreparedTask:
+def prepare(task: Task, model: TrainableModel) -> PreparedTask:
     """Tokenise ``task`` once for ``model`` (a cross-encoder gets pair inputs, a bi-encoder text inputs)."""
-    from embforge.kinds import ModelKind, kind_of
-
-    if kind_of(model) == ModelKind.MULTIVECTOR:  # queries and documents tokenised apart (markers, [MASK]s)
+    kind = kind_of(model)
+    if kind == ModelKind.MULTIVECTOR:  # queries and documents tokenised apart (markers, [MASK]s)
         from embforge.multivector.task import PreparedMultiVectorTask
 
-        return PreparedMultiVectorTask(task, model)
-    if hasattr(model, "score_ids"):
-        return PreparedCrossTask(task, model)
-    return PreparedEmbeddingTask(task, model)
+        return PreparedMultiVectorTask(task, cast("MultiVectorEncoder", model))
+    if kind == ModelKind.CROSS:
+        return PreparedCrossTask(task, cast("CrossEncoder", model))
+    return PreparedEmbeddingTask(task, cast("TextTokenizing", model))

@@ -1,0 +1,149 @@
+"""The contracts between embforge's parts: what a model, a pair scorer and a loss offer the code that uses them.
+
+Evaluators, the retrieval code, the server and the trainer take these :class:`~typing.Protocol`\\ s rather than
+concrete classes, so a PyTorch :class:`~embforge.encoder.Encoder`, an exported ONNX/OpenVINO graph, a static
+model or a sharding wrapper all fit where they offer the same methods. What a model *is* (dense, cross,
+multi-vector, sparse, static) is declared by its ``kind`` (:mod:`embforge.kinds`), never guessed from which
+attributes it happens to have; what a loss takes (embeddings or pair scores) is declared by its base class.
+
+Nothing here is imported at run time by the classes that satisfy a protocol: conformance is structural and
+checked by mypy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from torch import Tensor
+
+    from embforge.kinds import ModelKind
+
+PairIds = tuple[
+    list[int], list[int] | None
+]  # a tokenised pair: token ids, token type ids (None without them)
+
+
+class Kinded(Protocol):
+    """Anything that declares its model kind (:class:`~embforge.kinds.ModelKind`)."""
+
+    @property
+    def kind(self) -> ModelKind: ...
+
+
+class Tokenizer(Protocol):
+    """The part of a Hugging Face (fast) tokenizer embforge calls: ``tokenizer(texts, ...)`` and saving."""
+
+    def __call__(self, text: list[str], text_pair: list[str] | None = None, **options: object) -> Mapping: ...
+
+    def save_pretrained(self, path: str | os.PathLike) -> object: ...
+
+
+class TextTokenizing(Protocol):
+    """A model that tokenises texts itself: prompts (named prefixes) and token ids, truncated, not padded."""
+
+    def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str: ...
+
+    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]: ...
+
+
+class Embedder(Kinded, TextTokenizing, Protocol):
+    """A bi-encoder at inference: texts -> ``(n, dim)`` float32 vectors.
+
+    PyTorch :class:`~embforge.encoder.Encoder`, the ONNX and OpenVINO runtimes, static models and the wrappers
+    around them (sharded encoding, Matryoshka views) all offer it.
+    """
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def normalize(self) -> bool: ...
+
+    @property
+    def prompts(self) -> dict[str, str]: ...
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        dim: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> np.ndarray: ...
+
+
+class BatchEmbedder(Embedder, Protocol):
+    """An :class:`Embedder` whose forward passes can be planned and run batch by batch (sharded encoding)."""
+
+    def batch_plan(self, lengths: Sequence[int], batch_size: int) -> list[range]: ...
+
+    def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray: ...
+
+    def inference(self) -> AbstractContextManager[object]: ...
+
+
+class TrainableModel(Kinded, Protocol):
+    """What the trainer, checkpoints and weight averaging need of any model kind: a PyTorch module that saves
+    itself as a folder."""
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
+
+    def state_dict(self) -> dict[str, Tensor]: ...
+
+    def train(self, mode: bool = True) -> object: ...
+
+    @property
+    def training(self) -> bool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def save(self, path: str | os.PathLike) -> None: ...
+
+
+class TrainableEmbedder(Embedder, TrainableModel, Protocol):
+    """A bi-encoder the trainer can fine-tune: token-id lists -> embeddings with gradients."""
+
+    def embed_ids(self, ids: Sequence[list[int]], *, max_tokens: int | None = None) -> Tensor: ...
+
+
+class PairScorer(Kinded, Protocol):
+    """A cross-encoder at inference: ``(text, text)`` pairs -> scores (``(n,)`` for one label)."""
+
+    @property
+    def max_seq_length(self) -> int: ...
+
+    def predict(
+        self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, activation: bool = True
+    ) -> np.ndarray: ...
+
+
+class Loss(Protocol):
+    """What the trainer reads of a loss before calling it: the data it needs and the kind of input it takes.
+
+    The values are declared once, on :class:`embforge.losses.base.Loss` (bi-encoder losses take the embeddings of
+    each text column, :class:`~embforge.losses.cross.CrossLoss` subclasses take pair scores); the trainer checks a
+    task's data against them and never inspects a loss for attributes.
+    """
+
+    name: str
+    min_texts: int
+    max_texts: int | None
+    needs_labels: bool
+    repeat_single_text: bool
+    fixed_dim: bool
+    in_batch_negatives: bool
+
+    def prepare_labels(self, labels: np.ndarray) -> np.ndarray: ...
