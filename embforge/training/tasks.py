@@ -25,9 +25,9 @@ from torch import Tensor
 from embforge.data.sources import RowSource
 from embforge.data.tables import DataError, Dataset
 from embforge.kinds import ModelKind, kind_of
-from embforge.losses.base import EmbeddingLoss
+from embforge.losses.base import BaseLoss, EmbeddingLoss
 from embforge.losses.cross import CrossLoss
-from embforge.protocols import Loss, PairIds
+from embforge.protocols import PairIds
 from embforge.sparse.model import mark_queries
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Task:
 
     name: str
     data: Dataset | RowSource
-    loss: Loss
+    loss: BaseLoss  # an EmbeddingLoss (bi-encoders) or a CrossLoss (cross-encoders)
     weight: float = 1.0
     prompts: dict[str, str] = field(default_factory=dict)
 
