@@ -45,3 +45,34 @@ def test_every_verb_takes_quiet():
     for path, parser in PARSERS:
         if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions) and len(path) > 1:
             assert "--quiet" in parser._option_string_actions, f"{' '.join(path)} has no --quiet"
+
+
+def _help_of(path: tuple[str, ...], dest: str) -> str:
+    parser = dict(PARSERS)[path]
+    return next(a.help for a in parser._actions if a.dest == dest) or ""
+
+
+def test_train_help_states_the_default_loss_of_every_model_kind():
+    from embforge.kinds import ModelKind
+    from embforge.training.run import RunSpec, resolved_loss
+
+    text = _help_of(("embforge", "train"), "loss")
+    for kind in ModelKind:
+        default = resolved_loss(RunSpec(model_type=kind.value))
+        phrase = "default cosent" if default == "cosent" else f"{default} for {kind.value} models"
+        assert phrase in text, (
+            f"train --help does not say the default loss of {kind.value} models ({default})"
+        )
+    assert resolved_loss(RunSpec(retrieval_train="folder")) == "infonce"
+    assert "infonce with --retrieval-train" in text
+
+
+def test_train_help_lists_every_loss_of_every_kind():
+    from embforge.losses import LOSSES
+    from embforge.losses.cross import CROSS_LOSSES
+    from embforge.losses.late import MULTIVECTOR_LOSSES
+
+    text = _help_of(("embforge", "train"), "loss")
+    for name in [*LOSSES, *CROSS_LOSSES, *MULTIVECTOR_LOSSES]:
+        assert re.search(rf"\b{name}\b", text), f"train --help does not list the {name!r} loss"
+    assert "multi-vector models: infonce, margin_mse, kl_distill" in text

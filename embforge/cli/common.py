@@ -165,10 +165,10 @@ class DeprecatedFlag(argparse.Action):
 
 
 def add_index_kind_arg(
-    parser: argparse.ArgumentParser, *, old: str | None = None, default: str | None = "exact"
+    parser: argparse.ArgumentParser, *, old: str | None = None, default: str | None = "exact", note: str = ""
 ) -> None:
     """``--index-kind KIND`` (one vocabulary: ``--index-kind`` is a kind, ``--index`` a folder, everywhere), and
-    ``old``, the deprecated spelling this verb used to have."""
+    ``old``, the deprecated spelling this verb used to have; ``note`` ends the help text."""
     from embforge.retrieval.index.registry import INDEX_KINDS
 
     kinds = ", ".join(INDEX_KINDS)
@@ -176,7 +176,7 @@ def add_index_kind_arg(
         "--index-kind",
         default=default,
         metavar="KIND",
-        help=f"vector index: {kinds} (default: {default or 'an existing folder keeps its own; else exact'})",
+        help=f"vector index: {kinds} (default: {default or 'an existing folder keeps its own; else exact'}){note}",
     )
     if old:
         parser.add_argument(

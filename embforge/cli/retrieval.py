@@ -1,6 +1,6 @@
 """``embforge eval retrieval``, ``embforge mine`` and ``embforge index build|search``.
 
-One vocabulary: ``--index-kind`` is a kind (exact, flat, hnsw, ivf, ivfpq, pq, qdrant) and ``--index``
+One vocabulary: ``--index-kind`` is a kind (exact, flat, hnsw, ivf, ivfpq, pq, qdrant, binary) and ``--index``
 a folder, in every verb. The old spellings (``--index KIND`` in ``eval retrieval`` and ``mine``, ``--kind`` in
 ``index build``) still work for this release, with a deprecation note on stderr.
 
@@ -32,7 +32,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     add_model_arg(ev)
     _add_data(ev, default_split=None)
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
-    add_index_kind_arg(ev, old="--index")
+    add_index_kind_arg(ev, old="--index", note="; multi-vector models: exact or plaid; sparse: inverted")
     add_corpus_cache_arg(ev)
     add_batch_size_arg(ev)
     ev.add_argument(
@@ -55,17 +55,20 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     mine.add_argument(
         "--num-negatives", type=int, default=3, help="negatives per (query, positive) row (default 3)"
     )
-    mine.add_argument("--depth", type=int, default=None, help="candidates per query (default: like ST)")
+    mine.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="candidates per query (default: sized from --num-negatives and the filters)",
+    )
     mine.add_argument("--skip-top", type=int, default=0, help="skip the first r surviving candidates")
     mine.add_argument("--relative-margin", type=float, default=None, help="drop scores > (1-m) x positive")
     mine.add_argument("--absolute-margin", type=float, default=None, help="drop scores > positive - a")
     mine.add_argument(
         "--max-score", type=float, default=None, help="drop candidates scoring above this (likely positives)"
     )
-    mine.add_argument(
-        "--hard-ratio", type=float, default=1.0, help="fraction of hard negatives (rest random)"
-    )
-    mine.add_argument("--sampling", default="top", help="top or random (among the surviving candidates)")
+    mine.add_argument("--hard-ratio", type=float, default=1.0, help="hard share, rest random (default 1)")
+    mine.add_argument("--sampling", default="top", help="top (default) or random, of the survivors")
     add_index_kind_arg(mine, old="--index")
     mine.add_argument(
         "--cross-encoder",

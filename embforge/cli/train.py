@@ -14,11 +14,23 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "--model-type",
         "model_type",
         str,
-        "dense (default; also 'bi'), cross (cross-encoder: bce/ce/cosent/mse/listwise), multivector (ColBERT), "
-        "sparse (SPLADE: an MLM head, loss splade) or static (token-embedding table, e.g. from distill-static)",
+        "dense (default; also 'bi'), cross (cross-encoder: a score per pair), multivector (ColBERT: a vector per "
+        "token), sparse (SPLADE: an MLM head) or static (token-embedding table, e.g. from distill-static)",
     ),
-    ("--eval", "eval", str, "STS file (sentence1, sentence2, score) evaluated during training; best kept"),
-    ("--loss", "loss", str, "loss (default cosent; infonce for --retrieval-train and multivector models)"),
+    (
+        "--eval",
+        "eval",
+        str,
+        "STS file (sentence1, sentence2, score; with 0/1 labels a cross-encoder gets pair classification) "
+        "evaluated during training; best kept",
+    ),
+    (
+        "--loss",
+        "loss",
+        str,
+        "loss (default cosent; infonce with --retrieval-train; infonce for multivector models, splade for "
+        "sparse models)",
+    ),
     ("--output", "output", str, "output folder (default ./output)"),
     ("--epochs", "epochs", int, "epochs (default 1)"),
     (
@@ -187,9 +199,13 @@ _HELP = {flag: text for flag, _, _, text in _FLAGS}
 def _loss_help() -> str:
     from embforge.losses import LOSSES
     from embforge.losses.cross import CROSS_LOSSES
+    from embforge.losses.late import MULTIVECTOR_LOSSES
 
-    cross = ", ".join(CROSS_LOSSES)
-    return f"{_HELP['--loss']}: {', '.join(LOSSES)}; cross-encoders (--model-type cross): {cross}"
+    cross, late = ", ".join(CROSS_LOSSES), ", ".join(MULTIVECTOR_LOSSES)
+    return (
+        f"{_HELP['--loss']}: {', '.join(LOSSES)}; cross-encoders (--model-type cross): {cross}; "
+        f"multi-vector models: {late}"
+    )
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:

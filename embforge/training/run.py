@@ -35,7 +35,7 @@ class RunSpec:
     model: str = DEFAULT_MODEL
     train: list[str] = field(default_factory=list)
     eval: str | None = None
-    loss: str | None = None  # None: infonce for retrieval runs, cosent otherwise (resolved_loss)
+    loss: str | None = None  # None: the model kind's and run's default (resolved_loss)
     loss_options: dict[str, Any] = field(default_factory=dict)
     columns: str | dict[str, str] | None = None
     matryoshka_dims: list[int] | None = None
