@@ -86,3 +86,36 @@ def test_readme_command_parses(command, capsys):
         build_parser().parse_args(shlex.split(command)[1:])
     except SystemExit:
         pytest.fail(f"the README's `{command}` does not parse: {capsys.readouterr().err.strip()}")
+
+
+def _architecture_map() -> str:
+    text = README.read_text(encoding="utf-8")
+    return re.search(r"^## Architecture\n\n```\n(.*?)^```", text, re.S | re.M).group(1)
+
+
+def test_architecture_map_names_every_package_and_top_level_module():
+    package = README.parent / "embforge"
+    names = [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()]
+    names += [p.name for p in package.glob("*.py") if p.name != "__init__.py"]
+    block = _architecture_map()
+    missing = [name for name in sorted(names) if not re.search(rf"(?<![\w/]){re.escape(name)}", block)]
+    assert not missing, f"README's Architecture map does not name {missing}"
+
+
+def test_architecture_map_names_only_what_exists():
+    package = README.parent / "embforge"
+    for line in _architecture_map().splitlines()[1:]:
+        if not line.startswith("  ") or line.startswith("   "):
+            continue  # a continuation line
+        for name in re.split(r",\s*", re.split(r"\s{2,}", line.strip())[0]):
+            assert (package / name).exists(), f"README's Architecture map names {name}, which embforge/ lacks"
+
+
+def test_intro_names_every_loss():
+    from embforge.losses import LOSSES
+    from embforge.losses.cross import CROSS_LOSSES
+    from embforge.losses.late import MULTIVECTOR_LOSSES
+
+    intro = README.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    for name in [*LOSSES, *CROSS_LOSSES, *MULTIVECTOR_LOSSES]:
+        assert f"`{name}`" in intro, f"README's intro does not name the {name!r} loss"
