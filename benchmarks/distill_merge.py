@@ -9,7 +9,7 @@ dev NDCG@10. ``--eval-docs N`` scores SciFact against the dev-judged documents p
 prints the table and whether a weight keeps >= 80 % of the STS gain and recovers >= 80 % of the retrieval loss.
 
 ``teacher``: time the teacher (all-mpnet-base-v2, ``make teacher``) embedding the STS-B test sentences through the
-on-disk cache (:func:`embforge.distill.teacher_embeddings`): a cold run, then a second run that reads the cache;
+on-disk cache (:func:`embforge.distill.signals.teacher_embeddings`): a cold run, then a second run that reads the cache;
 the student (all-MiniLM-L6-v2) encoding the same texts for scale.
 
 Run::
@@ -166,7 +166,7 @@ def run_plot(args: argparse.Namespace) -> None:
 
 def run_teacher(args: argparse.Namespace) -> None:
     from embforge.data.builtin import load_builtin
-    from embforge.distill import teacher_embeddings
+    from embforge.distill.signals import teacher_embeddings
     from embforge.encoder import Encoder
 
     sts = load_builtin("stsb", "test")

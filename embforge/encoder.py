@@ -289,6 +289,14 @@ class Encoder(BatchEncoding, TransformerModule):
             model.to(device)
         return model
 
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Load the weights of the encoder saved at ``path`` into this one, in place (a pipeline resuming from its
+        last finished stage): a ``2_Dense`` projection there that this model lacks is added first."""
+        trained = Encoder.load(path)
+        if trained.dense is not None and self.dense is None:
+            self.dense = Dense(int(self.dim), int(trained.dim)).to(self.device)
+        self.load_state_dict(trained.state_dict())
+
     def save(self, path: str | os.PathLike) -> None:
         """Write safetensors weights, tokenizer and sentence-transformers configs to ``path``."""
         root = save_backbone(self.backbone, path)  # with adapters: base weights + adapter/ (lora.py)

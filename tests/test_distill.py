@@ -1,4 +1,4 @@
-"""Teacher signals (embforge.distill), the student's Dense projection (2_Dense/) and `embforge score`."""
+"""Teacher signals (embforge.distill.signals), the student's Dense projection (2_Dense/) and `embforge score`."""
 
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ import pytest
 import torch
 
 from embforge.data.tables import Dataset, read_table
-from embforge.distill import (
-    add_projection,
-    fit_projection,
-    score_rows,
-    teacher_embeddings,
-    with_teacher_embeddings,
-    write_scored,
-)
+from embforge.distill.projection import add_projection, fit_projection
+from embforge.distill.signals import score_rows, teacher_embeddings, with_teacher_embeddings, write_scored
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
 from tests.conftest import make_bert, make_tokenizer

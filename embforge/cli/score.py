@@ -35,7 +35,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 def run_score(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
     from embforge.data.tables import read_table
-    from embforge.distill import score_rows, write_scored
+    from embforge.distill.signals import score_rows, write_scored
     from embforge.encoder import Encoder
 
     data = read_table(args.data, columns=args.columns)

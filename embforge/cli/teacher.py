@@ -29,7 +29,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def run_fetch(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.teacher import fetch_teacher
+    from embforge.distill.fetch import fetch_teacher
 
     folder = fetch_teacher(args.output, name=args.name, force=args.force)
     return {"teacher": args.name, "path": str(folder)}

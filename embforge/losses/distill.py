@@ -14,9 +14,9 @@ name               data (text columns + labels)                formula
 =================  ==========================================  ================================================
 
 Teacher signals come from ``embforge score`` (scores in a ``score`` column; a list per row for mined rows) or
-:func:`embforge.distill.with_teacher_embeddings` (embeddings, cached on disk). When the student's dimension differs
+:func:`embforge.distill.signals.with_teacher_embeddings` (embeddings, cached on disk). When the student's dimension differs
 from the teacher's, ``mse_distill`` needs a learned projection; it belongs to the student model (it is part of
-what the student outputs), so give the student one with :func:`embforge.distill.add_projection` — it is trained
+what the student outputs), so give the student one with :func:`embforge.distill.projection.add_projection` — it is trained
 with the model and saved as sentence-transformers' ``Dense`` module (``2_Dense/``).
 
 Example:
@@ -121,7 +121,7 @@ class MSEDistillLoss(EmbeddingLoss):
 
     Equals sentence-transformers' ``MSELoss`` (``EmbedDistillLoss(distance_metric="mse")``). There the projection
     for a smaller student lives on the loss and is lost when the model is saved; here it is the student's
-    ``Dense`` module (:func:`embforge.distill.add_projection`), so the dimensions must agree when the loss runs.
+    ``Dense`` module (:func:`embforge.distill.projection.add_projection`), so the dimensions must agree when the loss runs.
 
     Paper: Reimers & Gurevych, 2020, "Making Monolingual Sentence Embeddings Multilingual using Knowledge
     Distillation".
@@ -141,7 +141,7 @@ class MSEDistillLoss(EmbeddingLoss):
         if labels.ndim not in (2, 3):
             raise ValueError(
                 "mse_distill needs teacher embeddings as labels ((rows, dim) or (rows, columns, dim)); "
-                "add them with embforge.distill.with_teacher_embeddings"
+                "add them with embforge.distill.signals.with_teacher_embeddings"
             )
         return labels.astype(np.float32)
 
@@ -160,7 +160,7 @@ class MSEDistillLoss(EmbeddingLoss):
         if embeddings[0].shape[-1] != targets[0].shape[-1]:
             raise ValueError(
                 f"the student's embeddings are {embeddings[0].shape[-1]}-d, the teacher's {targets[0].shape[-1]}-d: "
-                "give the student a projection first (embforge.distill.add_projection(model, "
+                "give the student a projection first (embforge.distill.projection.add_projection(model, "
                 f"{targets[0].shape[-1]})), which is trained with it and saved as its 2_Dense module"
             )
         parts = [F.mse_loss(e.float(), t.to(e.device)) for e, t in zip(embeddings, targets)]

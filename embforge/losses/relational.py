@@ -18,7 +18,7 @@ distillation (Park et al., 2019, "Relational Knowledge Distillation"; Tung & Mor
 "Similarity-Preserving Knowledge Distillation"), in the listwise-KL form of in-batch embedding distillation.
 
 The teacher's embeddings arrive as labels, computed once and cached on disk
-(:func:`embforge.distill.with_teacher_embeddings`; a pipeline task with ``teacher = "FOLDER"``): a batch's
+(:func:`embforge.distill.signals.with_teacher_embeddings`; a pipeline task with ``teacher = "FOLDER"``): a batch's
 similarity matrix depends on which rows were drawn together, so it is built per batch from the rows' embeddings
 (one matrix product), not stored.
 """
@@ -130,7 +130,7 @@ class SimilarityDistillLoss(KLTemperatures, EmbeddingLoss):
         if labels.ndim not in (2, 3):
             raise ValueError(
                 "similarity_distill needs teacher embeddings as labels ((rows, dim) or (rows, columns, dim)); "
-                'add them with embforge.distill.with_teacher_embeddings or a task\'s teacher = "FOLDER"'
+                'add them with embforge.distill.signals.with_teacher_embeddings or a task\'s teacher = "FOLDER"'
             )
         return labels.astype(np.float32)
 

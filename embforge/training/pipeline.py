@@ -31,7 +31,7 @@ A task with ``teacher = "FOLDER"`` and ``loss = "mse_distill"`` regresses the te
 (``loss = "similarity_distill"``: matches the teacher's in-batch similarities instead, with no projection),
 computed when the stage starts and cached in the top-level ``teacher_cache`` folder (default
 ``<output>/teacher-cache``); a model of another dimension first gets a trained projection to the teacher's one
-(:mod:`embforge.training.teachers`)."""
+(:mod:`embforge.distill.targets`)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ from typing import Any
 from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
+from embforge.distill import targets
 from embforge.modeling.resolve import DEFAULT_MODEL
-from embforge.training import teachers
 from embforge.training.artifacts import link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.config import TrainConfig
@@ -224,7 +224,7 @@ def build_stage_tasks(
     loaded: dict[str, Any] = {}  # teachers, loaded once per stage
     for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
         where = f"{where_stage}, task {spec.name!r}"
-        problem = teachers.check_teacher_task(spec.loss, spec.teacher, where)
+        problem = targets.check_teacher_task(spec.loss, spec.teacher, where)
         if problem:
             raise PipelineError(problem)
         sources[spec.name] = _load_source(spec, pipeline, where)
@@ -233,7 +233,7 @@ def build_stage_tasks(
             data = data.subset(list(range(min(spec.limit, len(data)))))
         if spec.teacher is not None:
             data = (
-                teachers.placeholder_targets(data)
+                targets.placeholder_targets(data)
                 if model is None
                 else _with_teacher(spec, data, stage, pipeline, model, where, loaded)
             )
@@ -271,8 +271,8 @@ def _with_teacher(
     """The task's texts with the teacher's embeddings as labels (cached), projecting the model if needed."""
     cache = pipeline.teacher_cache or str(Path(pipeline.output) / "teacher-cache")
     try:
-        teacher = teachers.resolve_teacher(str(spec.teacher), pipeline.base_dir)
-        return teachers.teacher_targets(
+        teacher = targets.resolve_teacher(str(spec.teacher), pipeline.base_dir)
+        return targets.teacher_targets(
             data,
             teacher,
             model=model,
@@ -280,7 +280,7 @@ def _with_teacher(
             seed=int(stage.config.get("seed", 42)),
             show_progress=not stage.config.get("quiet", False),
             loaded=loaded,
-            project=spec.loss in teachers.PROJECTED_LOSSES,
+            project=spec.loss in targets.PROJECTED_LOSSES,
         )
     except (OSError, ValueError) as err:
         raise PipelineError(f"{where}: field 'teacher' = {spec.teacher!r}: {err}") from None
@@ -381,7 +381,7 @@ def run_pipeline(
             loaded_from = folder
             continue
         if loaded_from is not None:  # resuming: start from the last finished stage's model
-            teachers.load_weights(model, loaded_from)
+            model.load_weights(loaded_from)
             loaded_from = None
         tasks = build_stage_tasks(stage, i, pipeline, dim=model.dim, model=model, workdir=folder)
         settings = {**stage.config, "output": str(folder), "resume": (folder / "checkpoints").is_dir()}
@@ -396,7 +396,7 @@ def run_pipeline(
             write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
         summaries.append(summary)
     if loaded_from is not None:  # every stage was already done
-        teachers.load_weights(model, loaded_from)
+        model.load_weights(loaded_from)
     if is_main():
         atomic_dir(out / "final", model.save)
         link_identical(out / "final", stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights

@@ -1,10 +1,11 @@
-"""Pipeline tasks that learn from a teacher: ``teacher = "FOLDER"`` with ``loss = "mse_distill"`` or
-``"similarity_distill"`` (dimension-free: no projection).
+"""Teacher targets of pipeline tasks that learn from a teacher: ``teacher = "FOLDER"`` with
+``loss = "mse_distill"`` or ``"similarity_distill"`` (dimension-free: no projection).
 
-The teacher embeds the task's texts once (cached on disk by :func:`embforge.distill.with_teacher_embeddings`); those
-embeddings become the rows' labels. A student whose dimension differs from the teacher's gets a learned projection
-(:func:`embforge.distill.add_projection`) before the stage's losses are built, started at the least-squares map
-from its pooled embeddings of the task's texts to the teacher's (:func:`embforge.distill.fit_projection`).
+The teacher embeds the task's texts once (cached on disk by
+:func:`embforge.distill.signals.with_teacher_embeddings`); those embeddings become the rows' labels. A student whose
+dimension differs from the teacher's gets a learned projection (:func:`embforge.distill.projection.add_projection`)
+before the stage's losses are built, started at the least-squares map from its pooled embeddings of the task's
+texts to the teacher's (:func:`embforge.distill.projection.fit_projection`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Any
 import numpy as np
 
 from embforge.data.tables import Dataset
+from embforge.distill.projection import add_projection, fit_projection
+from embforge.distill.signals import with_teacher_embeddings
+from embforge.encoder import Encoder
 
 TEACHER_LOSSES = ("mse_distill", "similarity_distill")
 PROJECTED_LOSSES = ("mse_distill",)  # compare embeddings coordinate by coordinate: the dimensions must agree
@@ -73,9 +77,6 @@ def teacher_targets(
     Raises:
         ValueError: When the model already projects to a dimension other than the teacher's.
     """
-    from embforge.distill import add_projection, fit_projection, with_teacher_embeddings
-    from embforge.encoder import Encoder
-
     if isinstance(teacher, (str, Path)):
         loaded = {} if loaded is None else loaded
         if str(teacher) not in loaded:
@@ -96,14 +97,3 @@ def teacher_targets(
         labels = np.asarray(targeted.columns["score"])  # (rows, dim) or (rows, columns, dim)
         fit_projection(model, column, labels if labels.ndim == 2 else labels[:, 0], seed=seed)
     return targeted
-
-
-def load_weights(model: Any, folder: str | Path) -> None:
-    """Load a finished stage's weights into ``model`` in place (adding its projection first if it has one)."""
-    from embforge.distill import add_projection
-    from embforge.encoder import Encoder
-
-    trained = Encoder.load(folder)
-    if getattr(trained, "dense", None) is not None and getattr(model, "dense", None) is None:
-        add_projection(model, int(trained.dim))
-    model.load_state_dict(trained.state_dict())
