@@ -96,3 +96,61 @@ def test_cli_serve_takes_several_named_models_and_rerankers(monkeypatch: pytest.
     assert main(["serve", "--model", "m", "--backend", "onnx-int8"]) == 0
     assert seen["model"] == "m" and seen["backend"] == "onnx-int8" and seen["config"].model_name == "m"
     assert main(["serve", "--model", "a=x", "--model", "a=y"]) != 0  # one name twice
+
+
+PAIRS = [
+    ("a man plays the guitar", "a man is playing guitar"),
+    ("a man plays the guitar", "oil price falls"),
+    ("the cat", "a cat runs in the park"),
+    ("the stock market rises", "the stock market rises and a woman is reading a small red book ."),
+    ("a child reads a book", "rain"),
+]
+
+
+def test_each_reranker_backend_gives_the_torch_scores(tmp_path: Path):
+    """A tiny random cross-encoder exported on the fly (once, cached) and run by ONNX Runtime fp32 / int8 and
+    OpenVINO: the scores of PyTorch (fp32 graphs within the export's 1e-3 gate), and the same order."""
+    pytest.importorskip("onnxruntime")
+    from embforge.onnx.backends import load_scorer
+    from tests.conftest import make_cross_encoder
+
+    folder = tmp_path / "ce"
+    make_cross_encoder().save(folder)
+    from embforge.cross_encoder import CrossEncoder
+
+    reference = CrossEncoder.load(folder).predict(PAIRS)
+    tolerance = {"torch": 1e-6, "onnx": 1e-3, "onnx-int8": 0.05}
+    try:
+        import openvino  # noqa: F401
+
+        tolerance["openvino"] = 1e-3
+    except ImportError:
+        pass
+    cache = tmp_path / "cache"
+    for backend, atol in tolerance.items():
+        scorer = load_scorer(folder, backend=backend, cache=cache)
+        got = scorer.predict(PAIRS)
+        assert got.shape == reference.shape, backend
+        np.testing.assert_allclose(got, reference, atol=atol, err_msg=backend)
+        if atol <= 1e-3:
+            assert np.argsort(-got).tolist() == np.argsort(-reference).tolist(), backend
+    assert len(list((cache / "exports").iterdir())) == 1  # one export, reused by every runtime
+    with pytest.raises(ValueError, match="unknown reranker backend"):
+        load_scorer(folder, backend="tpu")
+
+
+def test_openvino_streams_run_batches_at_once_and_change_no_vector(tiny_model_dir: Path, tmp_path: Path):
+    """Two streams (throughput mode): two infer requests, batches encoded concurrently, the same vectors as one
+    stream; the server's batcher keeps that many batches in flight."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
+    from embforge.onnx.backends import load_embedder
+    from embforge.serve.app import create_app
+
+    one = load_embedder(tiny_model_dir, backend="openvino", cache=tmp_path)
+    two = load_embedder(tiny_model_dir, backend="openvino", cache=tmp_path, streams=2)
+    assert (one.parallel_batches, two.parallel_batches) == (1, 2)
+    texts = TEXTS * 5
+    np.testing.assert_allclose(two.encode(texts, batch_size=2), one.encode(texts, batch_size=2), atol=1e-5)
+    app = create_app({"a": two, "b": one})
+    assert [m.batcher.concurrency for m in app.state.models.embedders.values()] == [2, 1]

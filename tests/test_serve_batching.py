@@ -231,3 +231,48 @@ def test_several_models_route_by_name_and_one_overloaded_model_never_fails_the_o
     assert others[-1].json()["results"][0]["index"] == int(np.argmax(expected))
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
     assert "busy, other" in unknown.json()["error"]["message"]
+
+
+def test_with_two_streams_a_second_batch_runs_while_the_first_is_held():
+    """concurrency=2: while one batch is inside the model, the next is formed and run at once (a model with two
+    inference streams); concurrency=1 keeps one batch in the model at a time."""
+    from embforge.serve.batcher import MicroBatcher
+
+    def run(concurrency: int) -> tuple[int, list[list[str]]]:
+        held = threading.Event()
+        inside: list[int] = []
+        most = [0]
+        batches: list[list[str]] = []
+        lock = threading.Lock()
+
+        def fn(items):
+            with lock:
+                inside.append(1)
+                most[0] = max(most[0], len(inside))
+                batches.append(list(items))
+            if items == ["first"]:
+                held.wait(1.0)  # released by the second batch when both run at once; else gives up
+            else:
+                held.set()
+            with lock:
+                inside.pop()
+            return np.array([[len(x)] for x in items])
+
+        async def main():
+            batcher = MicroBatcher(fn, max_batch_size=8, max_wait_ms=0, concurrency=concurrency)
+            batcher.start()
+            first = asyncio.ensure_future(batcher.submit(["first"]))
+            await asyncio.sleep(0.05)
+            second = await batcher.submit(["second", "third"])
+            results = [await first, second]
+            await batcher.stop()
+            return results
+
+        results = asyncio.run(main())
+        assert results[1][:, 0].tolist() == [6, 5]
+        return most[0], batches
+
+    assert run(2) == (2, [["first"], ["second", "third"]])
+    assert run(1)[0] == 1
+    with pytest.raises(ValueError, match="concurrency"):
+        MicroBatcher(lambda items: items, concurrency=0)

@@ -47,9 +47,17 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--backend",
         choices=BACKENDS,
         default="auto",
-        help="runtime of the embedders: auto (the fastest here: openvino-int8 with --calibration, else onnx-int8, "
-        "else torch), torch, onnx, onnx-int8, openvino, openvino-int8; a model folder is exported on the fly and "
-        "the export cached",
+        help="runtime of the models: auto (the fastest here: openvino-int8 with --calibration, else onnx-int8, "
+        "else torch; rerankers: openvino, else onnx, else torch), torch, onnx, onnx-int8, openvino, openvino-int8 "
+        "(rerankers: openvino); a model folder is exported on the fly and the export cached",
+    )
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=0,
+        metavar="N",
+        help="inference streams of the openvino backends: N batches run at once, each on its share of the cores "
+        "(default 0: OpenVINO's throughput choice; 1: one batch at a time on all cores, lowest latency when idle)",
     )
     parser.add_argument(
         "--calibration",
@@ -169,5 +177,6 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         config=config,
         log_level=args.log_level,
         threads=args.threads,
+        streams=args.streams,
     )
     return {"stopped": True, "host": args.host, "port": args.port}

@@ -8,6 +8,7 @@ normalisation.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import ClassVar
 
@@ -31,6 +32,7 @@ class BatchEncoding(PromptTokenizing):
 
     kind: ClassVar[ModelKind] = ModelKind.DENSE  # exported graphs and static models are bi-encoders
     normalize: bool
+    parallel_batches: int = 1  # batches that may run at once (a runtime with several inference streams)
 
     @property
     def dim(self) -> int:
@@ -64,11 +66,21 @@ class BatchEncoding(PromptTokenizing):
         called with each batch's size once it is embedded)."""
         order = sort_by_length(ids)
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for rows in self.batch_plan([len(ids[i]) for i in order], batch_size):
-            chosen = [order[i] for i in rows]
+        plan = [
+            [order[i] for i in rows] for rows in self.batch_plan([len(ids[i]) for i in order], batch_size)
+        ]
+
+        def run(chosen: list[int]) -> None:
             out[chosen] = self.embed_batch([ids[i] for i in chosen])
             if on_batch is not None:
                 on_batch(len(chosen))
+
+        if self.parallel_batches > 1 and len(plan) > 1:  # one batch per stream in flight
+            with ThreadPoolExecutor(self.parallel_batches, thread_name_prefix="embforge-stream") as pool:
+                list(pool.map(run, plan))
+        else:
+            for chosen in plan:
+                run(chosen)
         return out
 
     def encode(

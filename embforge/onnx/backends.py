@@ -1,5 +1,6 @@
 """Pick and load a runtime for a bi-encoder: PyTorch, ONNX Runtime (fp32 / dynamic int8) or OpenVINO (fp32 / static
-int8), exporting the model on the fly and caching the export.
+int8), exporting the model on the fly and caching the export; and for a cross-encoder (reranker): PyTorch, ONNX
+Runtime (fp32 / dynamic int8) or OpenVINO (fp32), :func:`load_scorer`.
 
 ``backend="auto"`` takes the fastest path measured on CPUs (``benchmarks/bench_encode.py``): OpenVINO static int8
 when OpenVINO and NNCF are installed and calibration texts are given, else ONNX Runtime dynamic int8 when
@@ -80,9 +81,12 @@ def load_embedder(
     threads: int | None = None,
     calibration: Sequence[str] | None = None,
     cache: Path | None = None,
+    streams: int = 1,
 ) -> Any:
     """A bi-encoder on ``backend`` (one of :data:`BACKENDS`); ``calibration`` texts are needed for
-    ``openvino-int8`` (its quantiser calibrates on them; the int8 graph is cached beside the export)."""
+    ``openvino-int8`` (its quantiser calibrates on them; the int8 graph is cached beside the export). ``streams``:
+    inference streams of the OpenVINO backends (1: latency mode; several, or 0 for OpenVINO's choice: that many
+    batches run at once, :mod:`embforge.onnx.openvino`)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     other = _other_kind(model)
@@ -97,7 +101,9 @@ def load_embedder(
     if backend == "auto":
         chosen = choose_backend(calibration=calibration)
         try:
-            return load_embedder(model, backend=chosen, threads=threads, calibration=calibration, cache=cache)
+            return load_embedder(
+                model, backend=chosen, threads=threads, calibration=calibration, cache=cache, streams=streams
+            )
         except Exception as err:  # e.g. an architecture the exporter cannot trace: serve it as it is
             if chosen == "torch":
                 raise
@@ -120,13 +126,13 @@ def load_embedder(
     from embforge.onnx.openvino import INT8_IR, OpenVinoEncoder, quantize_openvino_int8
 
     if backend == "openvino":
-        return OpenVinoEncoder.load(export, threads=threads)
+        return OpenVinoEncoder.load(export, threads=threads, streams=streams)
     ir = export / INT8_IR
     if not ir.is_file():
         if not calibration:
             raise ValueError("the openvino-int8 backend calibrates on texts: give --calibration FILE")
         ir = quantize_openvino_int8(export, calibration)
-    return OpenVinoEncoder.load(ir, threads=threads)
+    return OpenVinoEncoder.load(ir, threads=threads, streams=streams)
 
 
 def _other_kind(model: str | os.PathLike) -> Any:
@@ -138,3 +144,69 @@ def _other_kind(model: str | os.PathLike) -> Any:
     except (FileNotFoundError, ValueError):  # an .onnx file, an export folder: dense runtimes
         return None
     return kind if kind not in (None, ModelKind.DENSE, ModelKind.CROSS) else None
+
+
+SCORER_BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino")
+
+
+def load_scorer(
+    model: str | os.PathLike,
+    *,
+    backend: str = "auto",
+    threads: int | None = None,
+    cache: Path | None = None,
+    streams: int = 1,
+) -> Any:
+    """A cross-encoder (reranker) on ``backend`` (one of :data:`SCORER_BACKENDS`; ``openvino-int8`` means
+    ``openvino`` here: its static quantiser calibrates on single texts, not pairs). ``auto`` is OpenVINO fp32 when
+    installed, else ONNX Runtime fp32, else PyTorch (on a GPU, PyTorch): the exported graphs keep the scores
+    within 1e-3 of PyTorch (the export's parity gate); dynamic int8 is asked for by name. A model folder is
+    exported on the fly (cached, as for bi-encoders); an export folder or ``.onnx`` file is loaded as it is."""
+    if backend == "openvino-int8":
+        backend = "openvino"
+    if backend not in SCORER_BACKENDS:
+        raise ValueError(f"unknown reranker backend {backend!r}; choose one of {', '.join(SCORER_BACKENDS)}")
+    if backend == "auto":
+        import torch
+
+        chosen = "torch"
+        if not torch.cuda.is_available() and _installed("onnxruntime", "onnx"):
+            chosen = "openvino" if _installed("openvino") else "onnx"
+        try:
+            return load_scorer(model, backend=chosen, threads=threads, cache=cache, streams=streams)
+        except Exception as err:  # an architecture the exporter cannot trace: serve it as it is
+            if chosen == "torch":
+                raise
+            log.warning("backend %s failed for reranker %s (%s); using torch", chosen, model, err)
+            backend = "torch"
+    given = Path(model)
+    exported = given.suffix == ".onnx" or _is_export(given)
+    if backend == "torch" and not exported:
+        from embforge.cross_encoder import CrossEncoder
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        return CrossEncoder.load(model)
+    export = cached_export(model, cache=cache)
+    if backend == "openvino":
+        from embforge.onnx.openvino import OpenVinoCrossEncoder
+
+        return OpenVinoCrossEncoder.load(export, threads=threads, streams=streams)
+    from embforge.onnx.runtime import OnnxCrossEncoder
+
+    graph = export
+    if backend == "onnx-int8" and export.is_dir():
+        graph = export / "model_int8.onnx"
+        if not graph.is_file():
+            raise ValueError(
+                f"{export} has no int8 graph: export it with --quantize int8, or use backend onnx"
+            )
+    return OnnxCrossEncoder.load(graph, threads=threads)
+
+
+def _is_export(folder: Path) -> bool:
+    from embforge.onnx.runtime import META_FILE
+
+    return (folder / META_FILE).is_file()

@@ -158,6 +158,10 @@ class OnnxCrossEncoder:
     def activation(self) -> str | None:
         return self.meta.get("activation")
 
+    def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """The graph's ``(n, labels)`` float32 logits for one padded batch of pairs."""
+        return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
+
     def predict(
         self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, activation: bool = True
     ) -> np.ndarray:
@@ -183,7 +187,7 @@ class OnnxCrossEncoder:
             feeds = {name: np.asarray(enc[name], dtype=np.int64) for name in self._inputs if name in enc}
             if "token_type_ids" in self._inputs and "token_type_ids" not in feeds:
                 feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
-            scores.append(np.asarray(self.session.run(None, feeds)[0], dtype=np.float32))
+            scores.append(self.logits(feeds))
         out = np.concatenate(scores)
         if activation and self.activation == "sigmoid":
             out = (1.0 / (1.0 + np.exp(-out))).astype(np.float32)

@@ -14,6 +14,10 @@ The wait is adaptive: only while requests come concurrently (the previous batch 
 worker wait up to ``max_wait_ms`` for a batch to fill; a lone client's request runs at once (on MiniLM, 2 cores,
 a fixed 5 ms wait cost 28 % of throughput at one client).
 
+With ``concurrency`` above 1 (a runtime with several inference streams, e.g. OpenVINO's throughput mode), up to
+that many batches run at once, each on its own thread: a new batch is formed as soon as a stream is free, so one
+slow batch never leaves the other streams idle.
+
 A failing model call never fails the requests that merely shared its batch: the batch is split by request in halves
 and each half run again, down to single requests, so only a request whose own items make the model fail gets the
 error. A full queue (``max_queue`` items) refuses new requests at once with :class:`QueueFull` (the server answers
@@ -72,6 +76,7 @@ class MicroBatcher:
         max_queue: Most items waiting; a request that would exceed it gets :class:`QueueFull`.
         patience: Batches an item may be passed over before it leads one.
         on_batch: Called with the items of each batch run (for metrics and tests).
+        concurrency: Most batches running at once (the model must accept concurrent calls when above 1).
     """
 
     def __init__(
@@ -84,7 +89,10 @@ class MicroBatcher:
         max_queue: int | None = None,
         patience: int = 8,
         on_batch: Callable[[int], None] | None = None,
+        concurrency: int = 1,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.fn = fn
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -92,15 +100,16 @@ class MicroBatcher:
         self.max_queue = max_queue
         self.patience = patience
         self.on_batch = on_batch
+        self.concurrency = concurrency
         self._queue: list[_Entry] = []  # sorted by (cost, seq)
         self._seq = itertools.count()
         self._batches = 0
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._busy = False
+        self._busy = 0  # batches running
         self._concurrent = False  # did the last batch merge several requests? then waiting pays off
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="embforge-model"
+            max_workers=concurrency, thread_name_prefix="embforge-model"
         )
 
     @property
@@ -180,6 +189,7 @@ class MicroBatcher:
     async def _worker(self) -> None:
         assert self._arrived is not None
         loop = asyncio.get_running_loop()
+        running: set[asyncio.Task] = set()
         while True:
             while not self._queue:
                 self._arrived.clear()
@@ -194,11 +204,18 @@ class MicroBatcher:
             if not batch:
                 continue
             self._concurrent = len({id(e.job) for e in batch}) > 1
-            self._busy = True
-            try:
-                await self._run(loop, batch)
-            finally:
-                self._busy = False
+            self._busy += 1
+            task = loop.create_task(self._run_counted(loop, batch))
+            running.add(task)
+            task.add_done_callback(running.discard)
+            if len(running) >= self.concurrency:  # every stream busy: wait for one
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _run_counted(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
+        try:
+            await self._run(loop, batch)
+        finally:
+            self._busy -= 1
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
         """Run ``batch`` as one model call and hand out the rows; if the call fails, bisect by request."""

@@ -132,6 +132,7 @@ class ModelSet:
             max_wait_ms=cfg.max_wait_ms,
             max_queue=cfg.max_queue,
             on_batch=(lambda n: on_batch(label, n)) if on_batch is not None else None,
+            concurrency=int(getattr(model, "parallel_batches", 1)),  # an OpenVINO runtime's streams
         )
         if ranges is None and kind == EMBEDDING:
             ranges = _saved_ranges(model)

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from embforge._optional import require
@@ -22,24 +21,21 @@ def load_encoder(
     backend: str = "torch",
     threads: int | None = None,
     calibration: Sequence[str] | None = None,
+    streams: int = 1,
 ) -> Any:
     """A bi-encoder on ``backend`` (:func:`embforge.onnx.backends.load_embedder`: torch, onnx, onnx-int8,
     openvino, openvino-int8, or auto, the fastest here); a model folder is exported on the fly (cached)."""
     from embforge.onnx.backends import load_embedder
 
-    return load_embedder(model, backend=backend, threads=threads, calibration=calibration)
+    return load_embedder(model, backend=backend, threads=threads, calibration=calibration, streams=streams)
 
 
-def load_reranker(model: str, *, threads: int | None = None) -> Any:
-    """A :class:`CrossEncoder`, or an :class:`OnnxCrossEncoder` when ``model`` is an ONNX export."""
-    path = Path(model)
-    if path.suffix == ".onnx" or (path / "embforge_onnx.json").is_file():
-        from embforge.onnx.runtime import OnnxCrossEncoder
+def load_reranker(model: str, *, backend: str = "torch", threads: int | None = None, streams: int = 1) -> Any:
+    """A cross-encoder on ``backend`` (:func:`embforge.onnx.backends.load_scorer`): PyTorch, or an ONNX
+    Runtime / OpenVINO runtime of its export (made on the fly and cached; an export folder is loaded as it is)."""
+    from embforge.onnx.backends import load_scorer
 
-        return OnnxCrossEncoder.load(path, threads=threads)
-    from embforge.cross_encoder import CrossEncoder
-
-    return CrossEncoder.load(model)
+    return load_scorer(model, backend=backend, threads=threads, streams=streams)
 
 
 def _named(spec: str | Mapping[str, str]) -> dict[str, str]:
@@ -64,6 +60,7 @@ def serve(
     graceful_timeout_s: float = 30.0,
     log_level: str = "info",
     threads: int | None = None,
+    streams: int = 0,
 ) -> None:
     """Load the models, open the index, build the app and serve it until SIGINT/SIGTERM.
 
@@ -76,6 +73,8 @@ def serve(
     ``model`` field). ``calibration`` is a text file (one text a line): the ranges of int8/uint8 outputs and the
     quantiser of the openvino-int8 backend are calibrated on it. ``threads`` caps the model's CPU threads (torch intra-op or onnxruntime intra-op); on a busy or
     shared CPU, fewer threads than cores avoids the slowdown of spinning thread pools competing for cores.
+    ``streams``: inference streams of the OpenVINO backends (0: OpenVINO's throughput choice, several batches in
+    flight; 1: latency mode, one batch at a time on all threads).
     """
     uvicorn = require("uvicorn")
     from embforge.serve.app import create_app
@@ -91,7 +90,7 @@ def serve(
         texts = read_texts(calibration)
     names = _named(model)
     encoders = {
-        name: load_encoder(path, backend=backend, threads=threads, calibration=texts)
+        name: load_encoder(path, backend=backend, threads=threads, calibration=texts, streams=streams)
         for name, path in names.items()
     }
     ranges = None
@@ -99,7 +98,10 @@ def serve(
         from embforge.quantization import calibrate
 
         ranges = {name: calibrate(encoder, texts) for name, encoder in encoders.items()}
-    scorers = {name: load_reranker(path, threads=threads) for name, path in _named(reranker or {}).items()}
+    scorers = {
+        name: load_reranker(path, backend=backend, threads=threads, streams=streams)
+        for name, path in _named(reranker or {}).items()
+    }
     first, encoder = next(iter(encoders.items()))
     if isinstance(model, str):  # one unnamed model: reported under --model-name
         encoders = {cfg.model_name: encoder}
