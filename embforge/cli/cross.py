@@ -1,4 +1,4 @@
-"""Cross-encoder verbs: ``eval pairs``, ``eval rerank``, ``rerank`` (two-stage) and ``bench cosent-vs-ce``.
+"""Cross-encoder verbs: ``eval pairs``, ``eval rerank`` and ``rerank`` (two-stage).
 
 ``eval pairs`` and ``eval rerank`` take a bi-encoder or a cross-encoder folder (detected from its config).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embforge.cli.common import add_actions, add_amp_arg, add_batch_size_arg, add_data_args, add_eval_kind
+from embforge.cli.common import add_amp_arg, add_batch_size_arg, add_data_args, add_eval_kind
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -44,23 +44,6 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     add_amp_arg(two_stage)
     two_stage.set_defaults(func=run_two_stage)
-
-    experiments = add_actions(
-        verbs,
-        "bench",
-        help="reproducible experiments (see `embforge bench cosent-vs-ce -h`)",
-        dest="experiment",
-    )
-    from embforge.bench.cosent_vs_ce import add_arguments
-
-    cosent = experiments.add_parser(
-        "cosent-vs-ce",
-        help="CE vs CoSENT cross-encoders and Sentence-BERT softmax vs CoSENT bi-encoders, over seeds",
-        description="Train each system on each data set over several seeds from the same base model and "
-        "budget; print Spearman and accuracy tables (mean ± std).",
-    )
-    add_arguments(cosent)
-    cosent.set_defaults(func=run_bench_cosent)
 
 
 def load_any_model(path: str) -> Any:
@@ -116,9 +99,3 @@ def run_two_stage(args: argparse.Namespace) -> dict[str, Any]:
         batch_size=args.batch_size,
         fusion=args.fusion,
     )
-
-
-def run_bench_cosent(args: argparse.Namespace) -> dict[str, Any]:
-    from embforge.bench.cosent_vs_ce import config_from_args, run_benchmark
-
-    return run_benchmark(config_from_args(args))
