@@ -7,14 +7,14 @@ The on-disk layout is sentence-transformers' (``modules.json``, ``1_Pooling/``, 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict, overload
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from embforge.kinds import ModelKind
 from embforge.modeling.decoder import backbone_hidden, eos_to_append, is_decoder_backbone
@@ -23,7 +23,7 @@ from embforge.modeling.dense import ST_DENSE, Dense
 from embforge.modeling.dropout import mix, text_keys
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
-from embforge.modeling.module import TransformerModule
+from embforge.modeling.module import TransformerModule, inference_context
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, token_chunks
 from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
@@ -202,7 +202,7 @@ class Encoder(BatchEncoding, TransformerModule):
     # ------------------------------------------------------------------ inference (encode: modeling/encoding.py)
     def inference(self) -> AbstractContextManager[object]:
         """Eval mode (restored afterwards) and no autograd, for :meth:`encode`."""
-        return _inference(self)
+        return inference_context(self)
 
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32 — the
@@ -332,14 +332,3 @@ class Encoder(BatchEncoding, TransformerModule):
                 **adapter_note(self.backbone),
             },
         )
-
-
-@contextmanager
-def _inference(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)

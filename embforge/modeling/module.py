@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,3 +31,15 @@ class TransformerModule(nn.Module):
         own ``gradient_checkpointing_enable``."""
         self.checkpointing = enabled
         set_backbone_checkpointing(self.backbone, enabled)
+
+
+@contextmanager
+def inference_context(model: nn.Module) -> Iterator[None]:
+    """Eval mode (the model's previous mode restored afterwards) and no autograd: every model's ``inference()``."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)

@@ -20,19 +20,59 @@ from __future__ import annotations
 
 import json
 import os
+import string
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embforge.modeling.dense import Dense
 from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import load_backbone, resolve_model_path
+from embforge.modeling.st_folder import embforge_version
 
 if TYPE_CHECKING:
-    from embforge.multivector.model import ColBERTSettings, MultiVectorEncoder
+    from embforge.multivector.model import MultiVectorEncoder
 
 PYLATE_DENSE = "pylate.models.Dense.Dense"
 ST_TRANSFORMER = "sentence_transformers.models.Transformer"
 COLBERT_MODEL_TYPE = "ColBERT"
+
+
+@dataclass
+class ColBERTSettings:
+    """What pylate writes in ``config_sentence_transformers.json`` besides the prompts (same keys, same defaults)."""
+
+    query_prefix: str = "[Q] "
+    document_prefix: str = "[D] "
+    query_length: int = 32
+    document_length: int = 180
+    attend_to_expansion_tokens: bool = False
+    skiplist_words: list[str] = field(default_factory=lambda: list(string.punctuation))
+    do_query_expansion: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ColBERTSettings:
+        known = {k: config[k] for k in asdict(cls()) if config.get(k) is not None}
+        settings = cls(**known)
+        if not settings.query_prefix or not settings.document_prefix:
+            raise ValueError(
+                "embforge's multi-vector models need non-empty query and document prefixes (the marker tokens say "
+                "which texts are queries); this folder sets an empty one"
+            )
+        if not settings.do_query_expansion:
+            settings.attend_to_expansion_tokens = False
+        return settings
+
+
+@dataclass
+class ColBERTParts:
+    """What a ColBERT folder holds, ready for :class:`~embforge.multivector.model.MultiVectorEncoder`."""
+
+    backbone: Any
+    tokenizer: Any
+    projection: Dense
+    settings: ColBERTSettings
+    prompts: dict[str, str]
 
 
 def is_colbert_folder(root: Path) -> bool:
@@ -44,12 +84,10 @@ def is_colbert_folder(root: Path) -> bool:
     return data.get("model_type") == COLBERT_MODEL_TYPE or "query_prefix" in data
 
 
-def load_multivector(
+def read_multivector(
     path: str | os.PathLike, *, dim: int = 128, document_length: int | None = None
-) -> MultiVectorEncoder:
-    """A :class:`MultiVectorEncoder` from a pylate folder, or a new one on any encoder folder (see above)."""
-    from embforge.multivector.model import ColBERTSettings, MultiVectorEncoder
-
+) -> ColBERTParts:
+    """The parts of a pylate folder, or of a new ColBERT model on any encoder folder (see above)."""
     root = resolve_model_path(path)
     if is_colbert_folder(root):
         config = json.loads((root / "config_sentence_transformers.json").read_text())
@@ -71,7 +109,7 @@ def load_multivector(
         prompts = {}
     if document_length is not None:
         settings.document_length = int(document_length)
-    return MultiVectorEncoder(backbone, tokenizer, projection, settings=settings, prompts=prompts)
+    return ColBERTParts(backbone, tokenizer, projection, settings, prompts)
 
 
 def _modules(root: Path) -> tuple[str, list[str]]:
@@ -101,8 +139,6 @@ def _add_markers(backbone: Any, tokenizer: Any, settings: ColBERTSettings) -> No
 
 def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None:
     """Write ``model`` in pylate's layout (see the module docstring)."""
-    from dataclasses import asdict
-
     root = save_backbone(model.backbone, path)
     model.tokenizer.save_pretrained(root)
     modules = [
@@ -117,8 +153,6 @@ def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None
     model.projection.save(root / "1_Dense")
     dense_config = json.loads((root / "1_Dense" / "config.json").read_text())
     _write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
-    from embforge.encoder import _version
-
     _write_json(
         root / "config_sentence_transformers.json",
         {
@@ -127,7 +161,7 @@ def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None
             "default_prompt_name": None,
             "similarity_fn_name": "MaxSim",
             **asdict(model.settings),
-            "__version__": {"embforge": _version()},
+            "__version__": {"embforge": embforge_version()},
         },
     )
 

@@ -23,9 +23,8 @@ read with tensor ops, so one forward may mix queries and documents (a training b
 from __future__ import annotations
 
 import os
-import string
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,35 +34,10 @@ from torch import Tensor
 
 from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
-from embforge.modeling.module import TransformerModule
+from embforge.modeling.module import TransformerModule, inference_context
 from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
-
-
-@dataclass
-class ColBERTSettings:
-    """What pylate writes in ``config_sentence_transformers.json`` besides the prompts (same keys, same defaults)."""
-
-    query_prefix: str = "[Q] "
-    document_prefix: str = "[D] "
-    query_length: int = 32
-    document_length: int = 180
-    attend_to_expansion_tokens: bool = False
-    skiplist_words: list[str] = field(default_factory=lambda: list(string.punctuation))
-    do_query_expansion: bool = True
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ColBERTSettings:
-        known = {k: config[k] for k in asdict(cls()) if config.get(k) is not None}
-        settings = cls(**known)
-        if not settings.query_prefix or not settings.document_prefix:
-            raise ValueError(
-                "embforge's multi-vector models need non-empty query and document prefixes (the marker tokens say "
-                "which texts are queries); this folder sets an empty one"
-            )
-        if not settings.do_query_expansion:
-            settings.attend_to_expansion_tokens = False
-        return settings
+from embforge.multivector.folder import ColBERTSettings, read_multivector, save_multivector
 
 
 class MultiVectorEncoder(Tokenized, TransformerModule):
@@ -239,10 +213,8 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
         matrices = self.encode(texts, is_query=is_query, batch_size=batch_size)
         return pad_matrices(matrices, self.dim)
 
-    def inference(self) -> Any:
-        from embforge.encoder import _inference
-
-        return _inference(self)
+    def inference(self) -> AbstractContextManager[object]:
+        return inference_context(self)
 
     # ------------------------------------------------------------------ persistence (multivector/folder.py)
     @classmethod
@@ -256,9 +228,10 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
     ) -> MultiVectorEncoder:
         """Load a pylate ColBERT folder, or start a new ColBERT model from any encoder folder (a ``dim``-d
         projection, markers added); ``max_seq_length`` overrides ``document_length``."""
-        from embforge.multivector.folder import load_multivector
-
-        model = load_multivector(path, dim=dim, document_length=max_seq_length)
+        parts = read_multivector(path, dim=dim, document_length=max_seq_length)
+        model = cls(
+            parts.backbone, parts.tokenizer, parts.projection, settings=parts.settings, prompts=parts.prompts
+        )
         model.name_or_path = str(path)
         if device is not None:
             model.to(device)
@@ -266,8 +239,6 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the folder in pylate's layout (loads with ``pylate.models.ColBERT``)."""
-        from embforge.multivector.folder import save_multivector
-
         save_multivector(self, path)
 
 

@@ -17,8 +17,8 @@ In training the forward returns dense ``(n, vocab)`` tensors (the losses need gr
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
-from embforge.modeling.module import TransformerModule
+from embforge.modeling.module import TransformerModule, inference_context
 from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
@@ -194,7 +194,7 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
     # ------------------------------------------------------------------ inference
     def inference(self) -> AbstractContextManager[object]:
         """Eval mode (restored afterwards) and no autograd."""
-        return _inference(self)
+        return inference_context(self)
 
     def encode(
         self,
@@ -287,14 +287,3 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         from embforge.sparse.folder import write_sparse_folder
 
         write_sparse_folder(self, path)
-
-
-@contextmanager
-def _inference(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from itertools import chain
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
 from embforge.modeling.encoding import BatchEncoding
+from embforge.modeling.module import inference_context
 from embforge.modeling.resolve import resolve_model_path
 
 ST_STATIC = "sentence_transformers.models.StaticEmbedding"
@@ -119,7 +120,7 @@ class StaticEncoder(BatchEncoding, nn.Module):
 
     # ------------------------------------------------------------------ inference (BatchEncoding.encode)
     def inference(self) -> AbstractContextManager[object]:
-        return _inference(self)
+        return inference_context(self)
 
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         return self(ids).float().cpu().numpy()
@@ -215,14 +216,3 @@ def _static_module(root: Path) -> tuple[Path, bool]:
     if not path.is_relative_to(root.resolve()):
         raise ValueError(f"{modules_file}: module path {modules[0].get('path')!r} points outside {root}")
     return path, "Normalize" in kinds[1:]
-
-
-@contextmanager
-def _inference(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)

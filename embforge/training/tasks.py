@@ -164,6 +164,18 @@ class PreparedEmbeddingTask:
         return self.loss(list(outputs.split(len(outputs) // (len(self.names) * self.copies))), labels)
 
 
+class PreparedMultiVectorTask(PreparedEmbeddingTask):
+    """A multi-vector (ColBERT) task: the first text column tokenised as queries (``[Q]`` marker, ``[MASK]``
+    augmentation), the others as documents (``[D]``); fetching, batches, labels and the loss call are the bi-encoder
+    task's (:meth:`loss_fn` splits the ``(columns * rows, width, dim)`` token matrices back into columns)."""
+
+    model: MultiVectorEncoder
+
+    def tokenize(self, column: int, texts: list[str]) -> list[list[int]]:
+        """Token ids of ``texts`` of text column ``column``: queries for column 0, documents otherwise."""
+        return self.model.tokenize_ids(texts, is_query=column == 0, prefix=self.prefixes[column])
+
+
 class PreparedCrossTask:
     """A cross-encoder task ready to batch: the pairs ``(first text, other text)`` of each batch's rows,
     tokenised per batch, and their labels.
@@ -232,8 +244,6 @@ def prepare(task: Task, model: TrainableModel) -> PreparedTask:
     """Tokenise ``task`` once for ``model`` (a cross-encoder gets pair inputs, a bi-encoder text inputs)."""
     kind = kind_of(model)
     if kind == ModelKind.MULTIVECTOR:  # queries and documents tokenised apart (markers, [MASK]s)
-        from embforge.multivector.task import PreparedMultiVectorTask
-
         return PreparedMultiVectorTask(task, cast("MultiVectorEncoder", model))
     if kind == ModelKind.CROSS:
         return PreparedCrossTask(task, cast("CrossEncoder", model))
