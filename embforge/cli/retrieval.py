@@ -28,6 +28,13 @@ from embforge.cli.common import (
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
+    _register_eval(evals)
+    _register_mine(verbs)
+    _register_index(verbs)
+
+
+def _register_eval(evals: argparse._SubParsersAction) -> None:
+    """``embforge eval retrieval``."""
     ev = evals.add_parser("retrieval", help="NDCG/MRR/MAP/Recall/Precision@k (0-100) on a BEIR folder")
     add_model_arg(ev)
     _add_data(ev, default_split=None)
@@ -43,6 +50,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     ev.set_defaults(func=run_eval)
 
+
+def _register_mine(verbs: argparse._SubParsersAction) -> None:
+    """``embforge mine``."""
     mine = verbs.add_parser("mine", help="mine hard negatives to JSONL (anchor, positive, negative_1..n)")
     add_model_arg(mine)
     _add_data(mine, default_split="train")
@@ -89,6 +99,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     mine.set_defaults(func=run_mine)
 
+
+def _register_index(verbs: argparse._SubParsersAction) -> None:
+    """``embforge index build`` and ``embforge index search``."""
     sub = add_actions(verbs, "index", help="build or search a vector index of a corpus", dest="action")
     build = sub.add_parser("build", help="encode a corpus (resumable) and build an index folder")
     add_model_arg(build)

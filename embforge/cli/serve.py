@@ -14,6 +14,13 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser = verbs.add_parser(
         "serve", help="serve embeddings, rerank and search over HTTP", description=__doc__
     )
+    for add in (_model_args, _index_args, _runtime_args, _server_args, _batching_args, _limit_args):
+        add(parser)
+    parser.set_defaults(func=run_serve)
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    """What is served: embedders and rerankers, by name."""
     parser.add_argument(
         "--model",
         action="append",
@@ -27,6 +34,10 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         metavar="[NAME=]PATH",
         help="cross-encoder folder (or its ONNX export) for /rerank; repeat as NAME=PATH for several",
     )
+
+
+def _index_args(parser: argparse.ArgumentParser) -> None:
+    """The document index behind /search and /index/documents."""
     parser.add_argument(
         "--index",
         default=None,
@@ -43,6 +54,15 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         action="store_true",
         help="serve an index built by another model (refused by default: its vectors would not match)",
     )
+    parser.add_argument(
+        "--qdrant-url",
+        default=None,
+        help="with --index-kind qdrant: a Qdrant server (scale-out; API key from env QDRANT_API_KEY)",
+    )
+
+
+def _runtime_args(parser: argparse.ArgumentParser) -> None:
+    """How the models run: backend, OpenVINO streams, int8 calibration."""
     parser.add_argument(
         "--backend",
         choices=BACKENDS,
@@ -65,17 +85,20 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         metavar="FILE",
         help="texts, one a line, to calibrate int8/uint8 outputs and the openvino-int8 quantiser on",
     )
-    parser.add_argument(
-        "--qdrant-url",
-        default=None,
-        help="with --index-kind qdrant: a Qdrant server (scale-out; API key from env QDRANT_API_KEY)",
-    )
+
+
+def _server_args(parser: argparse.ArgumentParser) -> None:
+    """Where it listens and who may call it."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     parser.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env EMBFORGE_API_KEY)"
     )
     parser.add_argument("--model-name", default=None, help="name reported in responses (default: --model)")
+
+
+def _batching_args(parser: argparse.ArgumentParser) -> None:
+    """How requests share model calls."""
     parser.add_argument(
         "--max-batch-size", type=int, default=64, help="most texts merged into one model call"
     )
@@ -91,6 +114,10 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--max-wait-ms", type=float, default=5.0, help="wait for more requests to join a batch"
     )
+
+
+def _limit_args(parser: argparse.ArgumentParser) -> None:
+    """Per-request and per-connection limits."""
     parser.add_argument("--max-inputs", type=int, default=256, help="most texts per request (413 beyond)")
     parser.add_argument("--max-chars", type=int, default=8192, help="most characters per text (413 beyond)")
     parser.add_argument("--truncate", action="store_true", help="cut texts over --max-chars instead of 413")
@@ -125,7 +152,6 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--log-level", default="info", help="uvicorn log level: debug, info, warning, error (default info)"
     )
-    parser.set_defaults(func=run_serve)
 
 
 def named_models(values: list[str] | None) -> str | dict[str, str] | None:
