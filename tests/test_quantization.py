@@ -69,3 +69,50 @@ def test_served_quantised_formats_equal_the_reference_on_the_served_vectors(tiny
         assert refused.status_code == 422 and "--calibration" in refused.json()["error"]["message"]
         ok = client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "ubinary"})
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == tiny_encoder.dim // 8
+
+
+CALIBRATION = ["a woman eats food", "the stock market rises", "a child reads a book", "rain on the river"] * 3
+
+
+def test_export_saves_the_calibration_ranges_and_the_server_quantises_with_them(tiny_model_dir, tmp_path):
+    """``export_onnx(calibration=...)`` writes the ranges of the graph's embeddings beside it; a server of that
+    export (no ranges given) serves int8/uint8 with exactly those ranges. A re-export without calibration
+    removes them (int8 refused again); ``serve --calibration`` saves its ranges with an exported model."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from embforge.cli import main
+    from embforge.onnx.export import export_onnx
+    from embforge.onnx.runtime import OnnxEncoder
+    from embforge.quantization import RANGES_FILE
+    from embforge.serve.app import create_app
+    from embforge.serve.runner import calibrated
+
+    out = tmp_path / "export"
+    report = export_onnx(tiny_model_dir, out, calibration=CALIBRATION)
+    assert report["quantization"] == {"ranges": RANGES_FILE, "texts": len(CALIBRATION)}
+    model = OnnxEncoder.load(out)
+    saved = read_ranges(out)
+    assert saved is not None
+    np.testing.assert_allclose(saved, calibrate(model, CALIBRATION), atol=1e-6)
+    floats = model.encode(TEXTS)
+    with TestClient(create_app(model)) as client:
+        assert "int8" in client.get("/v1/models").json()["data"][0]["quantized_formats"]
+        for precision in ("int8", "uint8"):
+            body = client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": precision}).json()
+            got = np.array([d["embedding"] for d in body["data"]])
+            np.testing.assert_array_equal(got, quantize(floats, precision, saved).astype(int))
+    export_onnx(tiny_model_dir, out)
+    assert read_ranges(out) is None
+    with TestClient(create_app(OnnxEncoder.load(out))) as client:
+        refused = client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "int8"})
+        assert refused.status_code == 422
+    ranges = calibrated(OnnxEncoder.load(out), CALIBRATION)  # what serve --calibration does with an export
+    np.testing.assert_array_equal(read_ranges(out), ranges)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(CALIBRATION) + "\n")
+    cli_out = tmp_path / "cli"
+    argv = ["export", "onnx", "--model", str(tiny_model_dir), "--output", str(cli_out)]
+    assert main([*argv, "--calibration", str(texts)]) == 0
+    np.testing.assert_allclose(read_ranges(cli_out), saved, atol=1e-6)

@@ -21,11 +21,19 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     onnx.add_argument(
         "--parity-data", default=None, help="a .txt file (one sentence per line) for the parity check"
     )
+    onnx.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="bi-encoders: texts, one a line, whose embedding ranges are saved with the export (the server's "
+        "int8/uint8 outputs use them)",
+    )
     onnx.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> dict[str, Any]:
     from embforge.onnx.export import export_onnx
+    from embforge.quantization import read_texts as read_calibration
 
     texts = None
     if args.parity_data:
@@ -39,4 +47,5 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         dim=args.dim,
         parity_texts=texts,
         min_cosine=args.min_cosine,
+        calibration=read_calibration(args.calibration) if args.calibration else None,
     )

@@ -170,6 +170,7 @@ def export_onnx(
     parity_texts: Sequence[str] | None = None,
     min_cosine: float = 0.9999,
     max_score_diff: float = 1e-3,
+    calibration: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` (a folder or alias) to ``output`` and check the graph against PyTorch.
 
@@ -183,6 +184,9 @@ def export_onnx(
             paired with each other; the default uses :data:`PARITY_PAIRS`.
         min_cosine: Smallest allowed cosine between the fp32 graph's and PyTorch's embeddings.
         max_score_diff: Cross-encoders: largest allowed absolute difference of a score.
+        calibration: Bi-encoders: texts like the served ones (a few hundred to thousands); the per-dimension
+            ranges of the graph's embeddings on them are saved with the export
+            (:data:`embforge.quantization.RANGES_FILE`), so the server's ``int8``/``uint8`` outputs use them.
 
     Returns:
         A report: files, kind, dim and parity figures (``fp32_min_cosine``, and ``int8_min_cosine`` /
@@ -197,19 +201,40 @@ def export_onnx(
     _refuse_unexported_kinds(source)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in (FP32_FILE, INT8_FILE, META_FILE):
-        (out / stale).unlink(missing_ok=True)
     from embforge.cross_encoder import is_cross_encoder_folder
+    from embforge.quantization import RANGES_FILE
 
-    if is_cross_encoder_folder(source):
+    cross = is_cross_encoder_folder(source)
+    if cross and calibration is not None:
+        raise ValueError("--calibration applies to bi-encoders only; a cross-encoder outputs scores")
+    for stale in (
+        FP32_FILE,
+        INT8_FILE,
+        META_FILE,
+        RANGES_FILE,
+    ):  # ranges of a previous export must not linger
+        (out / stale).unlink(missing_ok=True)
+    if cross:
         if dim is not None:
             raise ValueError("--dim applies to bi-encoders only; a cross-encoder outputs scores")
         meta = _export_cross_encoder(source, out, quantize, parity_texts, max_score_diff)
     else:
         meta = _export_bi_encoder(source, out, quantize, dim, parity_texts, min_cosine)
     meta["source"] = str(model)
+    if calibration is not None:
+        meta["quantization"] = _save_calibration(out, calibration, source=str(model))
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return {"output": str(out), **meta}
+
+
+def _save_calibration(out: Path, texts: Sequence[str], *, source: str) -> dict[str, Any]:
+    """Calibration ranges of the exported fp32 graph's embeddings on ``texts``, written beside the graph."""
+    from embforge.onnx.runtime import OnnxEncoder
+    from embforge.quantization import calibrate, write_ranges
+
+    ranges = calibrate(OnnxEncoder.load(out / FP32_FILE), list(texts))
+    path = write_ranges(out, ranges, texts=len(texts), source=source)
+    return {"ranges": path.name, "texts": len(texts)}
 
 
 def _refuse_unexported_kinds(source: Path) -> None:

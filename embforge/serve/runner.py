@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from embforge._optional import require
@@ -36,6 +37,20 @@ def load_reranker(model: str, *, backend: str = "torch", threads: int | None = N
     from embforge.onnx.backends import load_scorer
 
     return load_scorer(model, backend=backend, threads=threads, streams=streams)
+
+
+def calibrated(encoder: Any, texts: Sequence[str]) -> Any:
+    """int8/uint8 calibration ranges of ``encoder`` on ``texts``, saved with an exported model (beside its graph,
+    where a later start without ``--calibration`` finds them); a PyTorch model's folder is left as it is."""
+    from embforge.quantization import calibrate, write_ranges
+
+    ranges = calibrate(encoder, texts)
+    graph = getattr(
+        encoder, "graph", None
+    )  # exported runtimes (ONNX Runtime, OpenVINO) know their graph file
+    if graph is not None:
+        write_ranges(Path(graph).parent, ranges, texts=len(texts), source="embforge serve --calibration")
+    return ranges
 
 
 def _named(spec: str | Mapping[str, str]) -> dict[str, str]:
@@ -93,11 +108,7 @@ def serve(
         name: load_encoder(path, backend=backend, threads=threads, calibration=texts, streams=streams)
         for name, path in names.items()
     }
-    ranges = None
-    if texts:
-        from embforge.quantization import calibrate
-
-        ranges = {name: calibrate(encoder, texts) for name, encoder in encoders.items()}
+    ranges = {name: calibrated(encoder, texts) for name, encoder in encoders.items()} if texts else None
     scorers = {
         name: load_reranker(path, backend=backend, threads=threads, streams=streams)
         for name, path in _named(reranker or {}).items()
