@@ -32,7 +32,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
-PEER_VENV = ROOT / ".bench-venvs" / "st-openvino" / "bin" / "python"
+PEER_VENV = ROOT / ".bench-venvs" / "st-openvino" / "bin" / "python"  # --peer-venv changes it
 
 
 def spearman_of(emb: np.ndarray, sentences: list[str], data) -> float:
@@ -85,13 +85,19 @@ def peer_worker(model: str, work: Path, batch_size: int) -> None:
         print(json.dumps({"seconds": seconds, "out": str(out)}), flush=True)
 
 
+def peer_python() -> Path:
+    """The Python of the sentence-transformers OpenVINO venv (``--peer-venv``, else ``.bench-venvs/st-openvino``)."""
+    given = os.environ.get("EMBFORGE_PEER_VENV")
+    return Path(given) / "bin" / "python" if given else PEER_VENV
+
+
 class Peer:
     """The worker process of :func:`peer_worker`; ``run(name)`` encodes all sentences there."""
 
     def __init__(self, model: str, work: Path, batch_size: int, sentences: list[str]) -> None:
         self.texts = work / "sentences.txt"
         self.texts.write_text("\n".join(sentences))
-        cmd = [str(PEER_VENV), __file__, "--peer-worker", "--model", model, "--work", str(work)]
+        cmd = [str(peer_python()), __file__, "--peer-worker", "--model", model, "--work", str(work)]
         cmd += ["--batch-size", str(batch_size)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
@@ -126,8 +132,20 @@ def main() -> None:
         "--model", default=None, help="model folder (default: the installed all-MiniLM-L6-v2)"
     )
     parser.add_argument("--work", default=None, help="folder for exports (default: a temp folder)")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=0,
+        help="OpenVINO inference streams of embforge's openvino backends (0: OpenVINO's throughput choice, one "
+        "batch per stream in flight; 1: latency mode); openvino-int8 also runs with one stream for comparison",
+    )
+    parser.add_argument(
+        "--peer-venv", default=None, help="the st-openvino venv (default .bench-venvs/st-openvino)"
+    )
     parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peer_venv:
+        os.environ["EMBFORGE_PEER_VENV"] = args.peer_venv
     work = Path(args.work or tempfile.mkdtemp(prefix="embforge-bench-encode-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.peer_worker:
@@ -155,13 +173,20 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     runners = {}
-    for backend in ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8"):
+    plans = [(b, 1) for b in ("torch", "onnx", "onnx-int8")]
+    plans += [("openvino", args.streams), ("openvino-int8", args.streams)]
+    if args.streams != 1:
+        plans.append(("openvino-int8", 1))
+    for backend, streams in plans:
         encoder = load_embedder(
-            model, backend=backend, threads=args.threads, calibration=calibration, cache=work
+            model, backend=backend, threads=args.threads, calibration=calibration, cache=work, streams=streams
         )
-        runners[f"embforge {backend}"] = lambda t, e=encoder: e.encode(t, batch_size=bs)
+        name = f"embforge {backend}" + (
+            " 1 stream" if streams == 1 and backend.startswith("openvino") else ""
+        )
+        runners[name] = lambda t, e=encoder: e.encode(t, batch_size=bs)
     peer = None
-    if PEER_VENV.exists():
+    if peer_python().exists():
         peer = Peer(model, work, bs, sentences)
     else:
         from sentence_transformers import SentenceTransformer

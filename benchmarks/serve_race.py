@@ -45,7 +45,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
-INFINITY = ROOT / ".bench-venvs" / "infinity" / "bin"
+INFINITY = ROOT / ".bench-venvs" / "infinity" / "bin"  # --infinity-venv changes it
 
 
 def free_port() -> int:
@@ -101,7 +101,7 @@ def start_servers(
     port = free_port()
     cmd = [sys.executable, "-m", "embforge", "serve", "--model", str(model), "--backend", args.backend]
     cmd += ["--calibration", str(calibration), "--host", HOST, "--port", str(port), "--log-level", "warning"]
-    cmd += ["--timeout", "300", "--max-inputs", "1024"]
+    cmd += ["--timeout", "300", "--max-inputs", "1024", "--streams", str(args.streams)]
     servers["embforge"] = (subprocess.Popen(cmd), f"http://{HOST}:{port}", "/v1/embeddings")
     env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1"}
     for engine in args.engines.split(","):
@@ -242,7 +242,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="length of one measurement")
     parser.add_argument("--rounds", type=int, default=2, help="alternating measurements per server and level")
     parser.add_argument("--work", default=str(ROOT / "output" / "serve_race"), help="folder for exports")
+    parser.add_argument(
+        "--infinity-venv", default=None, help="infinity's venv (default .bench-venvs/infinity)"
+    )
+    parser.add_argument("--streams", type=int, default=0, help="embforge serve --streams (OpenVINO backends)")
     args = parser.parse_args()
+    if args.infinity_venv:
+        global INFINITY
+        INFINITY = Path(args.infinity_venv) / "bin"
 
     from embforge.encoder import Encoder
     from embforge.modeling.resolve import resolve_model_path
@@ -300,7 +307,7 @@ def main() -> None:
 def report(args, results, quality, reference, names) -> None:
     print(
         f"\n{args.texts} texts a request, {args.seconds:g} s a measurement, {args.rounds} alternating rounds "
-        f"(best shown), CPU cores {os.cpu_count()}, embforge --backend {args.backend}"
+        f"(best shown), CPU cores {os.cpu_count()}, embforge --backend {args.backend} --streams {args.streams}"
     )
     print(
         "| texts | server | clients | texts/s | texts per CPU-s | p50 ms | p99 ms | errors | STS-B (served) |"
