@@ -87,6 +87,12 @@ def test_bad_requests_get_4xx_json_naming_the_field_and_the_server_keeps_serving
         assert 'embforge_errors_total{path="/v1/embeddings",status="413"} 3' in metrics
         assert 'embforge_requests_total{path="/v1/embeddings",method="POST",status="200"} 1' in metrics
         assert 'embforge_batch_size_count{model="embedding"} 1' in metrics
+        assert 'embforge_model_seconds_count{model="embedding"} 1' in metrics  # where a request's time went
+        model_time = float(metrics.split('embforge_model_seconds_sum{model="embedding"} ')[1].split()[0])
+        latency = float(
+            metrics.split('embforge_request_latency_seconds_sum{path="/v1/embeddings"} ')[1].split()[0]
+        )
+        assert 0 < model_time < latency
         assert "embforge_request_latency_seconds_bucket" in metrics
 
 

@@ -31,6 +31,7 @@ import bisect
 import concurrent.futures
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +76,7 @@ class MicroBatcher:
         max_wait_ms: Longest wait for a batch to fill (only while requests come concurrently, see above).
         max_queue: Most items waiting; a request that would exceed it gets :class:`QueueFull`.
         patience: Batches an item may be passed over before it leads one.
-        on_batch: Called with the items of each batch run (for metrics and tests).
+        on_batch: Called with the item count and the model's seconds of each batch run (for metrics).
         concurrency: Most batches running at once (the model must accept concurrent calls when above 1).
     """
 
@@ -88,7 +89,7 @@ class MicroBatcher:
         max_wait_ms: float = 5.0,
         max_queue: int | None = None,
         patience: int = 8,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int, float], None] | None = None,
         concurrency: int = 1,
     ) -> None:
         if concurrency < 1:
@@ -223,8 +224,8 @@ class MicroBatcher:
         if not batch:
             return
         try:
-            result = await loop.run_in_executor(
-                self._executor, self.fn, [e.job.items[e.index] for e in batch]
+            result, seconds = await loop.run_in_executor(
+                self._executor, _timed, self.fn, [e.job.items[e.index] for e in batch]
             )
             _check_rows(result, len(batch))
         except Exception as err:
@@ -238,8 +239,15 @@ class MicroBatcher:
             await self._run(loop, [e for e in batch if id(e.job) not in first])
             return
         if self.on_batch is not None:
-            self.on_batch(len(batch))
+            self.on_batch(len(batch), seconds)
         _deliver(batch, result)
+
+
+def _timed(fn: Callable[[list[Any]], Any], items: list[Any]) -> tuple[Any, float]:
+    """``fn(items)`` and the seconds it took (timed in the model's thread, not counting the wait for it)."""
+    start = time.perf_counter()
+    result = fn(items)
+    return result, time.perf_counter() - start
 
 
 def _check_rows(result: Any, n: int) -> None:

@@ -98,7 +98,7 @@ class ModelSet:
         config: ServeConfig,
         *,
         ranges: Mapping[str, np.ndarray | None] | None = None,
-        on_batch: Callable[[str, int], None] | None = None,
+        on_batch: Callable[[str, int, float], None] | None = None,
     ) -> None:
         if not embedders:
             raise ValueError("the server needs at least one embedding model")
@@ -121,7 +121,7 @@ class ModelSet:
         model: Any,
         ranges: np.ndarray | None,
         label: str,
-        on_batch: Callable[[str, int], None] | None,
+        on_batch: Callable[[str, int, float], None] | None,
     ) -> ServedModel:
         cfg = self.config
         fn = embed_fn(model, cfg.max_batch_tokens) if kind == EMBEDDING else score_fn(model)
@@ -131,7 +131,7 @@ class ModelSet:
             max_batch_tokens=cfg.max_batch_tokens,
             max_wait_ms=cfg.max_wait_ms,
             max_queue=cfg.max_queue,
-            on_batch=(lambda n: on_batch(label, n)) if on_batch is not None else None,
+            on_batch=(lambda n, seconds: on_batch(label, n, seconds)) if on_batch is not None else None,
             concurrency=int(getattr(model, "parallel_batches", 1)),  # an OpenVINO runtime's streams
         )
         if ranges is None and kind == EMBEDDING:

@@ -1,4 +1,6 @@
-"""Prometheus text-format metrics without a dependency: request counts, latency and batch-size histograms, errors."""
+"""Prometheus text-format metrics without a dependency: request counts, latency, batch-size and model-time
+histograms, errors. A request's latency minus its batch's model time is what HTTP, queueing, tokenising and
+serialising cost: compare ``embforge_request_latency_seconds`` with ``embforge_model_seconds``."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Metrics:
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
         self.latency: dict[str, _Histogram] = {}
         self.batches: dict[str, _Histogram] = {}
+        self.model_seconds: dict[str, _Histogram] = {}
 
     def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
         with self._lock:
@@ -41,9 +44,10 @@ class Metrics:
             if status >= 400:
                 self.errors[(path, str(status))] += 1
 
-    def observe_batch(self, model: str, size: int) -> None:
+    def observe_batch(self, model: str, size: int, seconds: float = 0.0) -> None:
         with self._lock:
             self.batches.setdefault(model, _Histogram(BATCH_BUCKETS)).observe(size)
+            self.model_seconds.setdefault(model, _Histogram(LATENCY_BUCKETS)).observe(seconds)
 
     def render(self) -> str:
         lines: list[str] = []
@@ -64,6 +68,9 @@ class Metrics:
                 lines.append(f'embforge_errors_total{{path="{path}",status="{code}"}} {n}')
             lines += _histogram("embforge_request_latency_seconds", "Request latency.", "path", self.latency)
             lines += _histogram("embforge_batch_size", "Items per model call.", "model", self.batches)
+            lines += _histogram(
+                "embforge_model_seconds", "Seconds of one model call (a batch).", "model", self.model_seconds
+            )
         return "\n".join(lines) + "\n"
 
 
