@@ -12,13 +12,12 @@ The class behind a kind is imported lazily, so ``import embforge.kinds`` stays c
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from embforge.modeling.resolve import resolve_model_path
-from embforge.modeling.st_folder import MODULES_FILE, has_modules, read_st_config
+from embforge.modeling.st_folder import has_modules, module_kind, read_modules, read_st_config
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -101,7 +100,7 @@ def folder_kind(path: str | os.PathLike) -> ModelKind | None:
     """
     root = resolve_model_path(path)
     if has_modules(root):
-        types = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads((root / MODULES_FILE).read_text())]
+        types = [module_kind(module_type) for module_type, _, _ in read_modules(root)]
         if types and types[0] == _STATIC_MODULE:
             return ModelKind.STATIC
     model_type = read_st_config(root).get("model_type")

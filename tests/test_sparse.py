@@ -107,6 +107,28 @@ def test_plain_mlm_folder_loads_with_splade_defaults(mlm_dir):
     assert SparseEncoder.load(mlm_dir, inference_free=True).inference_free
 
 
+@pytest.mark.parametrize("route", [False, True])
+def test_a_module_path_outside_the_folder_is_refused(mlm_dir, tmp_path, route):
+    """modules.json (and a Router's routes) may not send the loader to files elsewhere on the machine."""
+    from embforge.sparse.folder import ST_MLM, ST_ROUTER
+    from embforge.sparse.model import SparseEncoder
+
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    module = {
+        "idx": 0,
+        "name": "0",
+        "path": "" if route else "../mlm",
+        "type": ST_ROUTER if route else ST_MLM,
+    }
+    (folder / "modules.json").write_text(json.dumps([module]))
+    if route:
+        config = {"types": {"../mlm": ST_MLM}, "structure": {"query": [], "document": ["../mlm"]}}
+        (folder / "router_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'\.\./mlm' points outside the model folder"):
+        SparseEncoder.load(folder)
+
+
 def test_splade_loss_equals_sentence_transformers(mlm_dir):
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss
     from sentence_transformers.sparse_encoder.losses import SpladeLoss as STSpladeLoss

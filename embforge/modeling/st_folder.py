@@ -41,7 +41,8 @@ def embforge_version() -> str:
 
 
 def write_json(path: Path, obj: object) -> None:
-    """One of the folder's JSON files, indented as sentence-transformers writes them."""
+    """One of the folder's JSON files, indented as sentence-transformers writes them (its folder made if new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -65,21 +66,27 @@ def write_st_config(root: Path, config: dict[str, Any]) -> None:
     write_json(root / ST_CONFIG_FILE, {**config, "__version__": {"embforge": embforge_version()}})
 
 
-def _inside(root: Path, relative: str, source: Path) -> Path:
-    """``root / relative``, refused when it resolves outside ``root``."""
+def inside(root: Path, relative: str, source: Path) -> Path:
+    """``root / relative``, refused when it resolves outside ``root`` (``source``: the file that named it)."""
     path = (root / relative).resolve()
     if not path.is_relative_to(root.resolve()):
         raise ValueError(f"{source}: module path {relative!r} points outside the model folder {root}")
     return path
 
 
+def module_kind(module_type: str) -> str:
+    """``"sentence_transformers.models.Pooling"`` -> ``"Pooling"``."""
+    return module_type.rsplit(".", 1)[-1]
+
+
 def read_modules(root: Path) -> list[tuple[str, str, Path]]:
-    """``[(type, path as written, resolved folder), ...]`` of ``modules.json``, in order."""
+    """``[(type, path as written, resolved folder), ...]`` of ``modules.json``, in order; a path that leaves the
+    folder is refused."""
     modules_file = root / MODULES_FILE
     out = []
     for module in json.loads(modules_file.read_text()):
         relative = module.get("path", "")
-        out.append((module["type"], relative, _inside(root, relative, modules_file)))
+        out.append((module["type"], relative, inside(root, relative, modules_file)))
     return out
 
 
@@ -93,7 +100,7 @@ def read_st_settings(root: Path) -> dict:
     if not has_modules(root):
         return settings
     for module_type, relative, sub in read_modules(root):
-        kind = module_type.rsplit(".", 1)[-1]
+        kind = module_kind(module_type)
         if kind == "Transformer":
             settings["transformer_path"] = relative
             found = next((sub / name for name in TRANSFORMER_CONFIG_FILES if (sub / name).exists()), None)

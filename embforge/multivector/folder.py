@@ -18,7 +18,6 @@ vocabulary (the embedding matrix grows by two rows), and a new bias-free ``dim``
 
 from __future__ import annotations
 
-import json
 import os
 import string
 from dataclasses import asdict, dataclass, field
@@ -28,13 +27,22 @@ from typing import TYPE_CHECKING, Any
 from embforge.modeling.dense import Dense
 from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import load_backbone, resolve_model_path
-from embforge.modeling.st_folder import embforge_version
+from embforge.modeling.st_folder import (
+    MODULES_FILE,
+    ST_TRANSFORMER,
+    has_modules,
+    module_kind,
+    read_json,
+    read_modules,
+    read_st_config,
+    write_json,
+    write_st_config,
+)
 
 if TYPE_CHECKING:
     from embforge.multivector.model import MultiVectorEncoder
 
 PYLATE_DENSE = "pylate.models.Dense.Dense"
-ST_TRANSFORMER = "sentence_transformers.models.Transformer"
 COLBERT_MODEL_TYPE = "ColBERT"
 
 
@@ -77,10 +85,7 @@ class ColBERTParts:
 
 def is_colbert_folder(root: Path) -> bool:
     """Whether ``root`` is a pylate ColBERT folder (its ``config_sentence_transformers.json`` says so)."""
-    config = root / "config_sentence_transformers.json"
-    if not config.exists():
-        return False
-    data = json.loads(config.read_text())
+    data = read_st_config(root)
     return data.get("model_type") == COLBERT_MODEL_TYPE or "query_prefix" in data
 
 
@@ -90,7 +95,7 @@ def read_multivector(
     """The parts of a pylate folder, or of a new ColBERT model on any encoder folder (see above)."""
     root = resolve_model_path(path)
     if is_colbert_folder(root):
-        config = json.loads((root / "config_sentence_transformers.json").read_text())
+        config = read_st_config(root)
         transformer, denses = _modules(root)
         if len(denses) != 1:
             raise ValueError(
@@ -101,7 +106,7 @@ def read_multivector(
         projection = Dense.load(root / denses[0])
         prompts = config.get("prompts") or {}
     else:
-        transformer, _ = _modules(root) if (root / "modules.json").exists() else ("", [])
+        transformer, _ = _modules(root) if has_modules(root) else ("", [])
         backbone, tokenizer = load_backbone(root / transformer)
         settings = ColBERTSettings()
         _add_markers(backbone, tokenizer, settings)
@@ -115,15 +120,11 @@ def read_multivector(
 def _modules(root: Path) -> tuple[str, list[str]]:
     """The Transformer's path and the Dense modules' paths of a ``modules.json`` (pooling/normalise skipped)."""
     transformer, denses = "", []
-    for module in json.loads((root / "modules.json").read_text()):
-        kind = module["type"].rsplit(".", 1)[-1]
-        sub = (root / module.get("path", "")).resolve()
-        if not sub.is_relative_to(root.resolve()):
-            raise ValueError(f"{root / 'modules.json'}: module path {module.get('path')!r} leaves the folder")
-        if kind == "Transformer":
-            transformer = module.get("path", "")
-        elif kind == "Dense":
-            denses.append(module["path"])
+    for module_type, relative, _ in read_modules(root):
+        if module_kind(module_type) == "Transformer":
+            transformer = relative
+        elif module_kind(module_type) == "Dense":
+            denses.append(relative)
     return transformer, denses
 
 
@@ -145,26 +146,21 @@ def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None
         {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
         {"idx": 1, "name": "1", "path": "1_Dense", "type": PYLATE_DENSE},
     ]
-    _write_json(root / "modules.json", modules)
-    _write_json(
+    write_json(root / MODULES_FILE, modules)
+    write_json(
         root / "sentence_bert_config.json",
         {"max_seq_length": model.settings.document_length - 1, "do_lower_case": False},
     )
     model.projection.save(root / "1_Dense")
-    dense_config = json.loads((root / "1_Dense" / "config.json").read_text())
-    _write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
-    _write_json(
-        root / "config_sentence_transformers.json",
+    dense_config = read_json(root / "1_Dense" / "config.json")
+    write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
+    write_st_config(
+        root,
         {
             "model_type": COLBERT_MODEL_TYPE,
             "prompts": model.prompts,
             "default_prompt_name": None,
             "similarity_fn_name": "MaxSim",
             **asdict(model.settings),
-            "__version__": {"embforge": embforge_version()},
         },
     )
-
-
-def _write_json(path: Path, obj: object) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")

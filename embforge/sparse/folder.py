@@ -14,7 +14,6 @@ Module types are written with the names sentence-transformers 5 used (``sparse_e
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,17 @@ from safetensors.torch import load_file, save_file
 
 from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import default_max_seq_length, hf_quiet, resolve_model_path
+from embforge.modeling.st_folder import (
+    MODULES_FILE,
+    has_modules,
+    inside,
+    module_kind,
+    read_json,
+    read_modules,
+    read_st_config,
+    write_json,
+    write_st_config,
+)
 
 ST_MLM = "sentence_transformers.sparse_encoder.models.MLMTransformer"
 ST_SPLADE_POOLING = "sentence_transformers.sparse_encoder.models.SpladePooling"
@@ -37,44 +47,34 @@ QUERY_DIR, DOCUMENT_DIR, POOLING_DIR = (
 )
 
 
-def _json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _write_json(path: Path, obj: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
 def _layout(root: Path) -> dict[str, Any]:
     """Where the MLM encoder, pooling settings and query table of a folder are."""
     found: dict[str, Any] = {"document": root, "query": None, "pooling": {}}
-    modules_file = root / "modules.json"
-    if not modules_file.exists():
+    if not has_modules(root):
         return found
-    modules = [
-        (m["type"].rsplit(".", 1)[-1], root / m.get("path", "")) for m in json.loads(modules_file.read_text())
-    ]
+    modules = [(module_kind(module_type), sub) for module_type, _, sub in read_modules(root)]
     if modules and modules[0][0] == "Router":
-        config = _json(root / modules[0][1] / "router_config.json")
+        router = modules[0][1] / "router_config.json"
+        config = read_json(router)
         structure = config.get("structure", {})
         modules = [
-            (config["types"][name].rsplit(".", 1)[-1], root / name) for name in structure.get("document", [])
+            (module_kind(config["types"][name]), inside(root, name, router))
+            for name in structure.get("document", [])
         ]
         for name in structure.get("query", []):
-            if config["types"][name].rsplit(".", 1)[-1] != "SparseStaticEmbedding":
+            if module_kind(config["types"][name]) != "SparseStaticEmbedding":
                 raise ValueError(
                     f"{root}: query module {name!r} is not supported (only SparseStaticEmbedding)"
                 )
-            found["query"] = root / name
+            found["query"] = inside(root, name, router)
     for kind, sub in modules:
         if kind in _ENCODERS:
             found["document"] = sub
         elif kind == "SpladePooling":
-            found["pooling"] = _json(sub / "config.json")
+            found["pooling"] = read_json(sub / "config.json")
         else:
             raise ValueError(
-                f"{modules_file}: module type {kind!r} is not supported by embforge's sparse models "
+                f"{root / MODULES_FILE}: module type {kind!r} is not supported by embforge's sparse models "
                 "(supported: MLMTransformer, SpladePooling, a Router with a SparseStaticEmbedding query route)"
             )
     return found
@@ -95,10 +95,10 @@ def read_sparse_folder(
     query_weights, frozen = None, False
     if layout["query"] is not None and inference_free is not False:
         query_weights = load_file(str(layout["query"] / "model.safetensors"))["weight"]
-        frozen = bool(_json(layout["query"] / "config.json").get("frozen", False))
+        frozen = bool(read_json(layout["query"] / "config.json").get("frozen", False))
     elif inference_free:
         query_weights = torch.ones(int(backbone.config.vocab_size))
-    st = _json(root / "config_sentence_transformers.json")
+    st = read_st_config(root)
     pooling = layout["pooling"]
     return cls(
         backbone,
@@ -106,7 +106,7 @@ def read_sparse_folder(
         pooling=pooling.get("pooling_strategy", "max"),
         activation=pooling.get("activation_function", "relu"),
         max_seq_length=max_seq_length
-        or _json(document / "sentence_bert_config.json").get("max_seq_length")
+        or read_json(document / "sentence_bert_config.json").get("max_seq_length")
         or default_max_seq_length(tokenizer),
         prompts={k: v for k, v in (st.get("prompts") or {}).items() if v},
         default_prompt_name=st.get("default_prompt_name"),
@@ -117,8 +117,6 @@ def read_sparse_folder(
 
 def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
     """Write ``model`` as a sentence-transformers ``SparseEncoder`` folder (a ``Router`` when inference-free)."""
-    from embforge import __version__
-
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     pooling = {
@@ -129,7 +127,7 @@ def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
     document = root / DOCUMENT_DIR if model.inference_free else root
     save_backbone(model.backbone, document)
     model.tokenizer.save_pretrained(document)
-    _write_json(
+    write_json(
         document / "sentence_bert_config.json",
         {"max_seq_length": model.max_seq_length, "do_lower_case": False},
     )
@@ -140,10 +138,10 @@ def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
             {"weight": model.query_weights.detach().float().cpu().contiguous()},
             str(query / "model.safetensors"),
         )
-        _write_json(query / "config.json", {"frozen": not model.query_weights.requires_grad})
+        write_json(query / "config.json", {"frozen": not model.query_weights.requires_grad})
         model.tokenizer.save_pretrained(query)
-        _write_json(root / POOLING_DIR / "config.json", pooling)
-        _write_json(
+        write_json(root / POOLING_DIR / "config.json", pooling)
+        write_json(
             root / "router_config.json",
             {
                 "types": {QUERY_DIR: ST_STATIC_QUERY, DOCUMENT_DIR: ST_MLM, POOLING_DIR: ST_SPLADE_POOLING},
@@ -153,19 +151,18 @@ def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
         )
         modules = [{"idx": 0, "name": "0", "path": "", "type": ST_ROUTER}]
     else:
-        _write_json(root / "1_SpladePooling" / "config.json", pooling)
+        write_json(root / "1_SpladePooling" / "config.json", pooling)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": ST_MLM},
             {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": ST_SPLADE_POOLING},
         ]
-    _write_json(root / "modules.json", modules)
-    _write_json(
-        root / "config_sentence_transformers.json",
+    write_json(root / MODULES_FILE, modules)
+    write_st_config(
+        root,
         {
             "model_type": "SparseEncoder",
             "prompts": {"query": "", "document": "", **model.prompts},
             "default_prompt_name": model.default_prompt_name,
             "similarity_fn_name": "dot",
-            "__version__": {"embforge": __version__},
         },
     )

@@ -12,7 +12,6 @@ Folders are model2vec's layout, which sentence-transformers reads as a ``StaticE
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -30,9 +29,19 @@ from embforge.kinds import ModelKind
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.module import inference_context
 from embforge.modeling.resolve import resolve_model_path
+from embforge.modeling.st_folder import (
+    MODULES_FILE,
+    ST_NORMALIZE,
+    has_modules,
+    module_kind,
+    read_json,
+    read_modules,
+    read_st_config,
+    write_json,
+    write_st_config,
+)
 
 ST_STATIC = "sentence_transformers.models.StaticEmbedding"
-ST_NORMALIZE = "sentence_transformers.models.Normalize"
 
 
 def fold_model2vec(weights: dict[str, Tensor]) -> Tensor:
@@ -140,11 +149,10 @@ class StaticEncoder(BatchEncoding, nn.Module):
 
         root = resolve_model_path(path)
         module_dir, has_norm = _static_module(root)
-        config = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}
-        if not (root / "modules.json").exists():
+        config = read_json(root / "config.json")
+        if not has_modules(root):
             has_norm = bool(config.get("normalize", True))
-        st = root / "config_sentence_transformers.json"
-        st_config = json.loads(st.read_text()) if st.exists() else {}
+        st_config = read_st_config(root)
         model = cls(
             fold_model2vec(load_file(str(module_dir / "model.safetensors"))),
             Tokenizer.from_file(str(module_dir / "tokenizer.json")),
@@ -161,8 +169,6 @@ class StaticEncoder(BatchEncoding, nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model2vec layout (also a sentence-transformers ``StaticEmbedding`` model)."""
-        from embforge import __version__
-
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         save_file(
@@ -184,35 +190,28 @@ class StaticEncoder(BatchEncoding, nn.Module):
         if self.normalize:
             modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE})
             (root / "1_Normalize").mkdir(exist_ok=True)
-        for name, obj in (
-            ("config.json", config),
-            ("modules.json", modules),
-            (
-                "config_sentence_transformers.json",
-                {
-                    "model_type": "SentenceTransformer",
-                    "prompts": self.prompts,
-                    "default_prompt_name": self.default_prompt_name,
-                    "similarity_fn_name": "cosine",
-                    "__version__": {"embforge": __version__},
-                },
-            ),
-        ):
-            (root / name).write_text(json.dumps(obj, indent=2) + "\n")
+        write_json(root / "config.json", config)
+        write_json(root / MODULES_FILE, modules)
+        write_st_config(
+            root,
+            {
+                "model_type": "SentenceTransformer",
+                "prompts": self.prompts,
+                "default_prompt_name": self.default_prompt_name,
+                "similarity_fn_name": "cosine",
+            },
+        )
 
 
 def _static_module(root: Path) -> tuple[Path, bool]:
     """The folder holding the table and tokenizer, and whether a ``Normalize`` module follows."""
-    modules_file = root / "modules.json"
-    if not modules_file.exists():
+    if not has_modules(root):
         return root, True
-    modules = json.loads(modules_file.read_text())
-    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    modules = read_modules(root)
+    kinds = [module_kind(module_type) for module_type, _, _ in modules]
     if not kinds or kinds[0] != "StaticEmbedding" or set(kinds[1:]) - {"Normalize"}:
         raise ValueError(
-            f"{modules_file}: a static model is StaticEmbedding (+ Normalize); found {', '.join(kinds) or 'nothing'}"
+            f"{root / MODULES_FILE}: a static model is StaticEmbedding (+ Normalize); found "
+            f"{', '.join(kinds) or 'nothing'}"
         )
-    path = (root / modules[0].get("path", "")).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise ValueError(f"{modules_file}: module path {modules[0].get('path')!r} points outside {root}")
-    return path, "Normalize" in kinds[1:]
+    return modules[0][2], "Normalize" in kinds[1:]
