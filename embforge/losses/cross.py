@@ -268,7 +268,16 @@ class ListwiseLoss(CrossLoss):
         return F.cross_entropy(self.scale * logits.float(), target.long().to(logits.device))
 
 
-class CrossMarginMSELoss(CrossLoss):
+class GroupedTeacherLoss(CrossLoss):
+    """Base of the cross-encoder distillation losses: each query's candidate columns are scored as one group,
+    ``(queries, candidates)`` logits, against the teacher's scores."""
+
+    min_texts = 3
+    max_texts = None
+    grouped = True
+
+
+class CrossMarginMSELoss(GroupedTeacherLoss):
     r"""Distillation: the logit margin ``f(q,p) - f(q,n_j)`` regresses the teacher's margin (``margin_mse``).
 
     .. math:: \mathcal{L} = \frac{1}{nk}\sum_{i,j}\big((f(q_i,p_i) - f(q_i,n_{ij})) - (T_{i,p} - T_{i,n_j})\big)^2
@@ -293,9 +302,6 @@ class CrossMarginMSELoss(CrossLoss):
     """
 
     name = "margin_mse"
-    min_texts = 3
-    max_texts = None
-    grouped = True
 
     def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
         assert labels is not None
@@ -303,7 +309,7 @@ class CrossMarginMSELoss(CrossLoss):
         return margin_mse(logits[:, 0], logits[:, 1:], labels)
 
 
-class CrossKLDistillLoss(KLTemperatures, CrossLoss):
+class CrossKLDistillLoss(KLTemperatures, GroupedTeacherLoss):
     r"""Distillation: KL from the teacher's to the cross-encoder's softmax over each query's candidates.
 
     .. math::
@@ -328,9 +334,6 @@ class CrossKLDistillLoss(KLTemperatures, CrossLoss):
     """
 
     name = "kl_distill"
-    min_texts = 3
-    max_texts = None
-    grouped = True
 
     def forward(self, logits: Tensor, labels: Tensor | None) -> Tensor:
         assert labels is not None

@@ -78,12 +78,23 @@ class MaxSimInfoNCELoss(EmbeddingLoss):
         return F.cross_entropy(maxsim(queries, candidates) / self.temperature, targets)
 
 
-def _candidate_scores(embeddings: list[Tensor]) -> Tensor:
-    """``(n, columns - 1)`` MaxSim of each row's query with its own candidates (positive, negatives)."""
-    return torch.stack([maxsim_pairwise(embeddings[0], c) for c in embeddings[1:]], dim=1)
+class CandidateScoresLoss(EmbeddingLoss):
+    """Base of the teacher-score losses here: each row's query is scored (MaxSim) against its own candidate
+    columns, ``(n, columns - 1)``, and :meth:`from_scores` compares those scores with the teacher's labels."""
+
+    min_texts = 3
+    needs_labels = True
+
+    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        assert labels is not None
+        scores = torch.stack([maxsim_pairwise(embeddings[0], c) for c in embeddings[1:]], dim=1)
+        return self.from_scores(scores, labels)
+
+    def from_scores(self, scores: Tensor, labels: Tensor) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
 
 
-class MaxSimMarginMSELoss(EmbeddingLoss):
+class MaxSimMarginMSELoss(CandidateScoresLoss):
     r"""MarginMSE distillation of a teacher's scores into MaxSim margins (``margin_mse``).
 
     .. math:: \mathcal{L} = \frac{1}{nk}\sum_{i,j}\big((S(q_i,p_i) - S(q_i,n_{ij})) - (T_{i,p} - T_{i,n_j})\big)^2
@@ -107,16 +118,12 @@ class MaxSimMarginMSELoss(EmbeddingLoss):
     """
 
     name = "margin_mse"
-    min_texts = 3
-    needs_labels = True
 
-    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        assert labels is not None
-        scores = _candidate_scores(embeddings)
+    def from_scores(self, scores: Tensor, labels: Tensor) -> Tensor:
         return margin_mse(scores[:, 0], scores[:, 1:], labels)
 
 
-class MaxSimKLDistillLoss(KLTemperatures, EmbeddingLoss):
+class MaxSimKLDistillLoss(KLTemperatures, CandidateScoresLoss):
     r"""Listwise KL from a teacher's scores to the MaxSim scores of each query's candidates (``kl_distill``).
 
     .. math::
@@ -141,12 +148,8 @@ class MaxSimKLDistillLoss(KLTemperatures, EmbeddingLoss):
     """
 
     name = "kl_distill"
-    min_texts = 3
-    needs_labels = True
 
-    def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        assert labels is not None
-        scores = _candidate_scores(embeddings)
+    def from_scores(self, scores: Tensor, labels: Tensor) -> Tensor:
         return self.kl(scores, labels.reshape(scores.shape[0], -1))
 
 
