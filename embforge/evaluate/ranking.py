@@ -166,3 +166,17 @@ def run_from_topk(
         qid: {doc: float(score) for doc, score in zip(docs, row)}
         for qid, row, docs in zip(query_ids, scores, doc_ids)
     }
+
+
+def run_depth(metrics: Sequence[str]) -> int:
+    """How many documents per query a run needs for ``metrics``: the largest cutoff (1000 for one without ``@k``)."""
+    return max(k or 1000 for _, k in (parse_metric(m) for m in metrics))
+
+
+def retrieval_result(
+    run: Run, qrels: Qrels, metrics: Sequence[str], *, queries: int, documents: int
+) -> dict[str, float]:
+    """What the retrieval evaluators return: :func:`evaluate_run`'s means as 0–100 figures, then the number of
+    ``queries`` and ``documents`` evaluated."""
+    result = {name: 100.0 * value for name, value in evaluate_run(run, qrels, metrics).items()}
+    return {**result, "queries": float(queries), "documents": float(documents)}

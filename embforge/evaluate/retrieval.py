@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from embforge.data.retrieval import RetrievalData
-from embforge.evaluate.ranking import evaluate_run, parse_metric, run_from_topk
+from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
 from embforge.retrieval.index.registry import create_index
 
 RETRIEVAL_METRICS: tuple[str, ...] = (
@@ -107,7 +107,7 @@ def evaluate_retrieval(
     data = data.queries_with_qrels()
     if not data.query_ids:
         raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")
-    depth = max(k or 1000 for _, k in (parse_metric(m) for m in metrics))
+    depth = run_depth(metrics)
     run = search_run(
         model,
         data,
@@ -117,10 +117,9 @@ def evaluate_retrieval(
         corpus_cache=corpus_cache,
         show_progress=show_progress,
     )
-    result = {name: 100.0 * value for name, value in evaluate_run(run, data.qrels, metrics).items()}
-    result["queries"] = float(len(data.query_ids))
-    result["documents"] = float(len(data.doc_ids))
-    return result
+    return retrieval_result(
+        run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
+    )
 
 
 def retrieval_evaluator(data: RetrievalData, **options: Any) -> Callable[[Any], dict[str, float]]:

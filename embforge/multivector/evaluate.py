@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from embforge.data.retrieval import RetrievalData
-from embforge.evaluate.ranking import evaluate_run, parse_metric, run_from_topk
+from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
 from embforge.multivector.model import MultiVectorEncoder, pad_matrices
 from embforge.multivector.scoring import maxsim
 from embforge.multivector.search import create_multivector_index
@@ -84,7 +84,7 @@ def evaluate_multivector(
 ) -> dict[str, float]:
     """Metrics (0–100) of a multi-vector model on ``data`` (queries with qrels only)."""
     data = data.queries_with_qrels()
-    depth = max(k or 1000 for _, k in (parse_metric(m) for m in metrics))
+    depth = run_depth(metrics)
     run = multivector_run(
         model,
         data,
@@ -94,10 +94,9 @@ def evaluate_multivector(
         candidates=candidates,
         index_options=index_options,
     )
-    result = {name: 100.0 * value for name, value in evaluate_run(run, data.qrels, metrics).items()}
-    result["queries"] = float(len(data.query_ids))
-    result["documents"] = float(len(data.doc_ids))
-    return result
+    return retrieval_result(
+        run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
+    )
 
 
 def recall_against(reference: Run, approximate: Run, k: int = 10) -> float:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from embforge.data.retrieval import RetrievalData
-from embforge.evaluate.ranking import evaluate_run, parse_metric, run_from_topk
+from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
 from embforge.sparse.index import SparseIndex
 from embforge.sparse.stats import sparsity_stats
 
@@ -28,7 +28,7 @@ def evaluate_sparse(
     data = data.queries_with_qrels()
     if not data.query_ids:
         raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")
-    depth = max(k or 1000 for _, k in (parse_metric(m) for m in metrics))
+    depth = run_depth(metrics)
     documents = model.encode_document(data.documents, batch_size=batch_size, show_progress=show_progress)
     queries = model.encode_query(data.query_texts, batch_size=batch_size)
     index = SparseIndex(model.dim)
@@ -36,9 +36,9 @@ def evaluate_sparse(
     scores, positions = index.search(queries, k=depth)
     ids = [[index.ids[p] for p in row] for row in positions.tolist()]
     run = run_from_topk(data.query_ids, scores, ids)
-    result = {name: 100.0 * value for name, value in evaluate_run(run, data.qrels, metrics).items()}
+    result = retrieval_result(
+        run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
+    )
     for side, vectors in (("query", queries), ("document", documents)):
         result[f"{side}_active_dims"] = sparsity_stats(vectors)["active_dims_mean"]
-    result["queries"] = float(len(data.query_ids))
-    result["documents"] = float(len(data.doc_ids))
     return result
