@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,39 +95,37 @@ def make_tokenizer():
     )
 
 
+def tiny_bert_config(vocab_size: int, **overrides: Any) -> Any:
+    """The unit tests' tiny BERT: 2 layers of width 32, 128 positions (``overrides``: ``num_labels`` ...)."""
+    from transformers import BertConfig
+
+    settings = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+    }
+    return BertConfig(vocab_size=vocab_size, **{**settings, **overrides})
+
+
 def make_bert(vocab_size: int, seed: int = 0):
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    return BertModel(config)
+    return BertModel(tiny_bert_config(vocab_size))
 
 
 def make_cross_encoder(num_labels: int = 1, seed: int = 0):
     """A tiny random BERT cross-encoder whose head gives spread-out scores."""
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from embforge.cross_encoder import CrossEncoder
 
     tokenizer = make_tokenizer()
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=num_labels,
-        initializer_range=0.3,  # larger than BERT's 0.02 so that random pairs get clearly different scores
-    )
+    # initializer_range larger than BERT's 0.02 so that random pairs get clearly different scores
+    config = tiny_bert_config(len(tokenizer), num_labels=num_labels, initializer_range=0.3)
     model = BertForSequenceClassification(config)
     return CrossEncoder(model, tokenizer, max_seq_length=64)
 
@@ -194,3 +193,49 @@ requires_minilm = pytest.mark.skipif(minilm_path() is None, reason="gt-all-minil
 requires_data = pytest.mark.skipif(
     not (shared_data() / "stsb_en").is_dir(), reason="../shared/data not found"
 )
+
+
+def train_sts(
+    out: Path,
+    model_dir: Path,
+    csv: Path,
+    *,
+    steps: int,
+    save_every: int,
+    resume: bool = False,
+    keep: int = 1,
+    keep_state: bool = True,
+) -> tuple[dict[str, Any], Any]:
+    """Train the model of ``model_dir`` with CoSENT on the STS file ``csv`` (batches of 5) into ``out``: the run's
+    summary and the trained model. The checkpoint and resume tests' run."""
+    from embforge.data.tables import read_table
+    from embforge.encoder import Encoder
+    from embforge.losses import get_loss
+    from embforge.training.config import TrainConfig
+    from embforge.training.loop import train
+    from embforge.training.tasks import Task
+
+    config = TrainConfig(
+        output=str(out),
+        max_steps=steps,
+        batch_size=5,
+        save_every=save_every,
+        keep_checkpoints=keep,
+        keep_training_state=keep_state,
+        resume=resume,
+        quiet=True,
+    )
+    model = Encoder.load(model_dir)
+    return train(model, [Task("sts", read_table(csv), get_loss("cosent"))], config), model
+
+
+def fail_batches_of(encoder: Any, size: int) -> None:
+    """Make ``encoder``'s model calls on batches of ``size`` texts raise ``RuntimeError("out of memory")``."""
+    original = encoder.embed_ids
+
+    def flaky(ids: Any, **kwargs: Any) -> Any:
+        if len(ids) == size:
+            raise RuntimeError("out of memory")
+        return original(ids, **kwargs)
+
+    encoder.embed_ids = flaky

@@ -98,20 +98,28 @@ def run_training(spec: dict[str, Any], output: str) -> None:
 
 
 def step_gradients(spec: dict[str, Any], output: str) -> None:
-    """One micro-step on the first ``spec["rows"]`` rows of ``spec["tasks"][0]``, plain then cached, the way the
-    trainer runs it (under torchrun: :meth:`DataParallel.shard`); the model's gradients go to
-    ``output/<plain|cached>.pt`` (rank 0's: after DDP's all-reduce every rank holds the same)."""
-    import torch
-
+    """One micro-step on the first ``spec["rows"]`` rows of ``spec["tasks"][0]``, plain then cached
+    (:func:`save_step_gradients` with mini-batches of 20)."""
     from embforge.data.tables import read_table
-    from embforge.training.distributed import DataParallel, is_main, world_size
-    from embforge.training.step import cached_step
     from embforge.training.tasks import Task, prepare
 
     model, make = load_model(spec)
     name, path, loss, options = spec["tasks"][0]
     task = prepare(Task(name, read_table(path), make(loss, **options)), model)
-    rows = tuple(range(spec["rows"]))
+    save_step_gradients(model, task, tuple(range(spec["rows"])), output, mini_batch_size=20)
+
+
+def save_step_gradients(
+    model: Any, task: Any, rows: tuple[int, ...], output: str, *, mini_batch_size: int
+) -> None:
+    """One micro-step of ``task`` on ``rows``, plain then cached, the way the trainer runs it (under torchrun:
+    :meth:`DataParallel.shard`); the model's gradients go to ``output/<plain|cached>.pt`` (rank 0's: after DDP's
+    all-reduce every rank holds the same)."""
+    import torch
+
+    from embforge.training.distributed import DataParallel, is_main, world_size
+    from embforge.training.step import cached_step
+
     parallel = DataParallel(model, gather=True) if world_size() > 1 else None
     model.train()
     os.makedirs(output, exist_ok=True)
@@ -127,7 +135,7 @@ def step_gradients(spec: dict[str, Any], output: str) -> None:
                 net,
                 view,
                 local,
-                mini_batch_size=20,
+                mini_batch_size=mini_batch_size,
                 max_tokens=512,
                 dropout_seed=7,
                 backward=lambda x: x.backward(),

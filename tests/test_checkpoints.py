@@ -9,9 +9,7 @@ import warnings
 
 import pytest
 
-from embforge.data.tables import read_table
 from embforge.encoder import Encoder
-from embforge.losses import get_loss
 from embforge.training.checkpoints import (
     CheckpointError,
     ResumeWarning,
@@ -20,23 +18,11 @@ from embforge.training.checkpoints import (
     start_run,
     verify_checkpoint,
 )
-from embforge.training.loop import TrainConfig, train
-from embforge.training.tasks import Task
-from tests.conftest import make_bert, make_tokenizer
+from tests.conftest import make_bert, make_tokenizer, train_sts
 
 
 def _train(out, model_dir, csv, *, steps, save_every, resume=False, keep=1):
-    config = TrainConfig(
-        output=str(out),
-        max_steps=steps,
-        batch_size=5,
-        save_every=save_every,
-        keep_checkpoints=keep,
-        keep_training_state=True,
-        resume=resume,
-        quiet=True,
-    )
-    return train(Encoder.load(model_dir), [Task("sts", read_table(csv), get_loss("cosent"))], config)
+    return train_sts(out, model_dir, csv, steps=steps, save_every=save_every, resume=resume, keep=keep)[0]
 
 
 def _events(out):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import make_bert, make_tokenizer, requires_minilm
+from tests.conftest import make_bert, make_tokenizer, requires_minilm, tiny_bert_config
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -104,7 +104,7 @@ def test_int8_graph_is_written_and_close(tiny_model_dir: Path, tmp_path: Path):
 
 def test_cross_encoder_export_matches_predict(tmp_path: Path):
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from embforge.cross_encoder import CrossEncoder
     from embforge.onnx.export import export_onnx
@@ -112,15 +112,7 @@ def test_cross_encoder_export_matches_predict(tmp_path: Path):
 
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=1,
-    )
+    config = tiny_bert_config(len(tokenizer), num_labels=1)
     ce = CrossEncoder(BertForSequenceClassification(config), tokenizer, max_seq_length=64)
     ce.save(tmp_path / "ce")
     report = export_onnx(tmp_path / "ce", tmp_path / "onnx", parity_texts=SENTENCES)

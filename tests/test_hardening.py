@@ -32,30 +32,26 @@ from embforge.data.tables import read_table
 from embforge.data.texts import ControlCharacterWarning
 from embforge.encoder import Encoder
 from embforge.files import DataError
-from embforge.losses import LOSSES, get_loss
+from embforge.losses import LOSSES
 from embforge.losses.cross import CROSS_LOSSES
 from embforge.training import artifacts
 from embforge.training.checkpoints import CheckpointError, ResumeWarning, _write_manifest, load_trainer_state
-from embforge.training.config import TrainConfig
-from embforge.training.loop import train
-from embforge.training.tasks import Task
+from tests.conftest import train_sts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(out, model_dir, csv, *, steps=4, save_every=2, resume=False, keep=2, keep_state=True):
-    config = TrainConfig(
-        output=str(out),
-        max_steps=steps,
-        batch_size=5,
+    return train_sts(
+        out,
+        model_dir,
+        csv,
+        steps=steps,
         save_every=save_every,
-        keep_checkpoints=keep,
-        keep_training_state=keep_state,
         resume=resume,
-        quiet=True,
+        keep=keep,
+        keep_state=keep_state,
     )
-    model = Encoder.load(model_dir)
-    return train(model, [Task("sts", read_table(csv), get_loss("cosent"))], config), model
 
 
 def _rewrite_manifest(checkpoint: Path) -> None:

@@ -7,12 +7,11 @@ The token matrices are fixed-width ``(texts, width, dim)`` tensors, so the train
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
-from tests.distributed_helpers import spawn
+from tests.distributed_helpers import save_step_gradients, spawn
 
 ROWS = [
     ("a cat plays", "a cat plays the piano."),
@@ -31,36 +30,11 @@ def one_step(model_dir: str, data: str, output: str) -> None:
     from embforge.data.tables import read_table
     from embforge.losses.late import MaxSimInfoNCELoss
     from embforge.multivector import MultiVectorEncoder
-    from embforge.training.distributed import DataParallel, is_main, world_size
-    from embforge.training.step import cached_step
     from embforge.training.tasks import Task, prepare
 
     model = MultiVectorEncoder.load(model_dir)
     task = prepare(Task("pairs", read_table(data), MaxSimInfoNCELoss()), model)
-    rows = tuple(range(len(ROWS)))
-    parallel = DataParallel(model, gather=True) if world_size() > 1 else None
-    model.train()
-    os.makedirs(output, exist_ok=True)
-    for mode in ("plain", "cached"):
-        model.zero_grad(set_to_none=True)
-        net, view, local = parallel.shard(task, rows, sync=True) if parallel else (model, task, rows)
-        if mode == "plain":
-            view.loss_fn(
-                net(view.inputs(local), max_tokens=512, dropout_seed=7), view.labels(local)
-            ).backward()
-        else:
-            cached_step(
-                net,
-                view,
-                local,
-                mini_batch_size=3,
-                max_tokens=512,
-                dropout_seed=7,
-                backward=lambda x: x.backward(),
-            )
-        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-        if is_main():
-            torch.save(grads, os.path.join(output, f"{mode}.pt"))
+    save_step_gradients(model, task, tuple(range(len(ROWS))), output, mini_batch_size=3)
 
 
 def test_two_processes_compute_the_gradient_of_one(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from tests.conftest import STS_ROWS as PAIRS
 from tests.conftest import make_bert, make_tokenizer, requires_data
 
 
-def _teacher_dir(tmp_path: Path) -> Path:
+def make_teacher_dir(tmp_path: Path) -> Path:
     """A tiny 24-d "teacher" (another random BERT + a projection), so that its dimension differs from 32."""
     tokenizer = make_tokenizer()
     teacher = Encoder(make_bert(len(tokenizer), seed=5), tokenizer, pooling="mean", max_seq_length=64)
@@ -28,7 +28,9 @@ def _teacher_dir(tmp_path: Path) -> Path:
     return path
 
 
-def _write(tmp_path: Path, model_dir: Path, *, teacher: str | None, loss: str = "mse_distill") -> Path:
+def write_pipeline(
+    tmp_path: Path, model_dir: Path, *, teacher: str | None, loss: str = "mse_distill"
+) -> Path:
     (tmp_path / "pairs.csv").write_text("".join(f"{a},{b},{s}\n" for a, b, s in PAIRS * 3))
     teacher_line = f"teacher = {json.dumps(teacher)}" if teacher else ""
     path = tmp_path / "distill.toml"
@@ -75,8 +77,8 @@ def _mse(student: Encoder, teacher: Encoder, texts: list[str]) -> float:
 
 
 def test_a_teacher_task_projects_the_student_and_moves_it_toward_the_teacher(tmp_path, tiny_model_dir):
-    teacher_dir = _teacher_dir(tmp_path)
-    path = _write(tmp_path, tiny_model_dir, teacher=str(teacher_dir))
+    teacher_dir = make_teacher_dir(tmp_path)
+    path = write_pipeline(tmp_path, tiny_model_dir, teacher=str(teacher_dir))
     result = run_pipeline(load_pipeline(path), output=str(tmp_path / "run"))
     final = Encoder.load(result["final"])
     assert final.dim == 24 and (Path(result["final"]) / "2_Dense").is_dir()
@@ -102,7 +104,7 @@ def test_a_teacher_task_projects_the_student_and_moves_it_toward_the_teacher(tmp
 
 
 def test_a_run_killed_after_the_distillation_stage_resumes_with_the_projection(tmp_path, tiny_model_dir):
-    path = _write(tmp_path, tiny_model_dir, teacher=str(_teacher_dir(tmp_path)))
+    path = write_pipeline(tmp_path, tiny_model_dir, teacher=str(make_teacher_dir(tmp_path)))
     reference = run_pipeline(load_pipeline(path), output=str(tmp_path / "reference"))
 
     class Killed(Exception):
@@ -130,21 +132,21 @@ def test_a_run_killed_after_the_distillation_stage_resumes_with_the_projection(t
     ],
 )
 def test_teacher_and_loss_must_go_together(tmp_path, tiny_model_dir, loss, with_teacher, expected):
-    teacher = str(_teacher_dir(tmp_path)) if with_teacher else None
-    path = _write(tmp_path, tiny_model_dir, teacher=teacher, loss=loss)
+    teacher = str(make_teacher_dir(tmp_path)) if with_teacher else None
+    path = write_pipeline(tmp_path, tiny_model_dir, teacher=teacher, loss=loss)
     with pytest.raises(PipelineError, match=expected):
         run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 
 def test_a_missing_teacher_is_named(tmp_path, tiny_model_dir):
-    path = _write(tmp_path, tiny_model_dir, teacher=str(tmp_path / "no-such-teacher"))
+    path = write_pipeline(tmp_path, tiny_model_dir, teacher=str(tmp_path / "no-such-teacher"))
     with pytest.raises(PipelineError, match=r"stage 1 \('distill'\), task 'sts-distill': field 'teacher'"):
         run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
 
 
 def test_seed_overrides_every_stage_from_python_and_the_cli(tmp_path, tiny_model_dir, capsys):
-    path = _write(tmp_path, tiny_model_dir, teacher=str(_teacher_dir(tmp_path)))
+    path = write_pipeline(tmp_path, tiny_model_dir, teacher=str(make_teacher_dir(tmp_path)))
     file_seed = run_pipeline(load_pipeline(path), output=str(tmp_path / "s3"))
     other = run_pipeline(load_pipeline(path), output=str(tmp_path / "s7"), seed=7)
     assert main(["train", str(path), "--output", str(tmp_path / "cli7"), "--seed", "7"]) == 0

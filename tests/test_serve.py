@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import make_tokenizer
+from tests.conftest import fail_batches_of, make_tokenizer, tiny_bert_config
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -115,20 +115,13 @@ def test_api_key(tiny_encoder):
 
 def test_rerank_order_equals_cross_encoder_predict(tiny_encoder):
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from embforge.cross_encoder import CrossEncoder
 
     tokenizer = make_tokenizer()
     torch.manual_seed(1)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=1,
-    )
+    config = tiny_bert_config(len(tokenizer), num_labels=1, max_position_embeddings=512)
     ce = CrossEncoder(BertForSequenceClassification(config), tokenizer, max_seq_length=64).eval()
     docs = [d["text"] for d in DOCS] + TEXTS
     expected = ce.predict([("a man with a guitar", d) for d in docs])
@@ -332,14 +325,7 @@ def test_a_failing_model_call_gives_a_json_500_and_the_server_keeps_serving(tiny
 
     from embforge.serve.app import create_app
 
-    original = tiny_encoder.embed_ids
-
-    def flaky(ids, **kwargs):
-        if len(ids) == 3:
-            raise RuntimeError("out of memory")
-        return original(ids, **kwargs)
-
-    tiny_encoder.embed_ids = flaky
+    fail_batches_of(tiny_encoder, 3)  # a model call that fails: 'out of memory'
     with TestClient(create_app(tiny_encoder), raise_server_exceptions=False) as client:
         failed = client.post("/v1/embeddings", json={"input": TEXTS[:3]})
         assert failed.status_code == 500 and "out of memory" in failed.json()["error"]["message"]

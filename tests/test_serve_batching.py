@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.conftest import make_bert, make_cross_encoder, make_tokenizer
+from tests.conftest import make_bert, make_cross_encoder, make_tokenizer, tiny_bert_config
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -17,7 +17,7 @@ httpx = pytest.importorskip("httpx")
 
 def long_encoder(seed: int = 0):
     """A tiny random BERT that takes 512-token texts."""
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
     from embforge.encoder import Encoder
 
@@ -25,14 +25,7 @@ def long_encoder(seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-    )
+    config = tiny_bert_config(len(tokenizer), num_hidden_layers=1, max_position_embeddings=512)
     return Encoder(BertModel(config), tokenizer, pooling="mean", max_seq_length=512)
 
 

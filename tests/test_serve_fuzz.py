@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_tokenizer
+from tests.conftest import make_tokenizer, tiny_bert_config
 
 schemathesis = pytest.importorskip("schemathesis")
 pytest.importorskip("uvicorn")
@@ -24,20 +24,13 @@ SEEN: dict[str, list[int]] = {}
 
 def _reranker():
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from embforge.cross_encoder import CrossEncoder
 
     tokenizer = make_tokenizer()
     torch.manual_seed(1)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=1,
-    )
+    config = tiny_bert_config(len(tokenizer), num_hidden_layers=1, num_labels=1, max_position_embeddings=512)
     return CrossEncoder(BertForSequenceClassification(config), tokenizer, max_seq_length=64).eval()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import make_tokenizer
+from tests.conftest import make_tokenizer, tiny_bert_config
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -188,21 +188,14 @@ def test_concurrent_adds_of_one_id_give_exactly_one_200_and_the_rest_409(tiny_en
 
 def test_rerank_reports_the_reranker_name(tiny_encoder):
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from embforge.cross_encoder import CrossEncoder
     from embforge.serve.config import ServeConfig
 
     tokenizer = make_tokenizer()
     torch.manual_seed(1)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=1,
-    )
+    config = tiny_bert_config(len(tokenizer), num_hidden_layers=1, num_labels=1, max_position_embeddings=512)
     ce = CrossEncoder(BertForSequenceClassification(config), tokenizer, max_seq_length=64).eval()
     cfg = ServeConfig(model_name="my-embedder", reranker_name="my-reranker", max_wait_ms=1)
     with client_for(tiny_encoder, reranker=ce, config=cfg) as client:

@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
+from tests.conftest import fail_batches_of  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -45,14 +47,7 @@ def test_a_500_keeps_the_keep_alive_connection_usable(tiny_encoder):
     from embforge.serve.app import create_app
     from embforge.serve.config import ServeConfig
 
-    original = tiny_encoder.embed_ids
-
-    def flaky(ids, **kwargs):
-        if len(ids) == 3:
-            raise RuntimeError("out of memory")
-        return original(ids, **kwargs)
-
-    tiny_encoder.embed_ids = flaky
+    fail_batches_of(tiny_encoder, 3)  # a model call that fails: 'out of memory'
     config = ServeConfig(max_wait_ms=0)
     with running(create_app(tiny_encoder, config=config), config) as (port, _):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

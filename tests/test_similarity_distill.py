@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -12,8 +10,8 @@ from embforge.encoder import Encoder
 from embforge.losses import SimilarityDistillLoss, get_loss
 from embforge.training.pipeline import load_pipeline, run_pipeline
 from embforge.training.tasks import Task
-from tests.conftest import STS_ROWS, make_bert, make_tokenizer
 from tests.test_cached_step import assert_same, dataset, plain_and_cached, texts
+from tests.test_pipeline_teacher import make_teacher_dir, write_pipeline
 
 
 def by_hand(student: np.ndarray, teacher: np.ndarray, tau_s: float, tau_t: float) -> float:
@@ -93,41 +91,12 @@ def test_cached_step_equals_the_plain_step(tiny_encoder):
 
 
 def test_a_pipeline_teacher_task_trains_without_a_projection(tmp_path, tiny_model_dir):
-    tokenizer = make_tokenizer()
-    teacher = Encoder(make_bert(len(tokenizer), seed=5), tokenizer, pooling="mean", max_seq_length=64)
-    from embforge.distill.projection import add_projection
-
-    add_projection(teacher, 24, seed=9)  # a 24-d teacher for a 32-d student
-    teacher.save(tmp_path / "teacher")
-    (tmp_path / "pairs.csv").write_text("".join(f"{a},{b},{s}\n" for a, b, s in STS_ROWS * 3))
-    path = tmp_path / "distill.toml"
-    path.write_text(
-        f"""
-model = {json.dumps(str(tiny_model_dir))}
-output = "out"
-teacher_cache = {json.dumps(str(tmp_path / "cache"))}
-[defaults]
-batch_size = 4
-save_every = 0
-device = "cpu"
-amp = "no"
-quiet = true
-[[stages]]
-name = "distill"
-lr = 1e-3
-steps = 3
-  [[stages.tasks]]
-  name = "sim"
-  data = "pairs.csv"
-  columns = "0=sentence1,1=sentence2,2=score"
-  loss = "similarity_distill"
-  teacher = {json.dumps(str(tmp_path / "teacher"))}
-"""
-    )
+    teacher = make_teacher_dir(tmp_path)  # a 24-d teacher for a 32-d student
+    path = write_pipeline(tmp_path, tiny_model_dir, teacher=str(teacher), loss="similarity_distill")
     result = run_pipeline(load_pipeline(path), output=str(tmp_path / "run"))
     trained = Encoder.load(result["final"])
     assert trained.dim == 32 and getattr(trained, "dense", None) is None
-    assert not (tmp_path / "run" / "2_Dense").exists() and result["stages"][0]["steps"] == 3
+    assert not (tmp_path / "run" / "2_Dense").exists() and result["stages"][0]["steps"] == 5
     start = Encoder.load(tiny_model_dir)
     assert any(
         not torch.equal(a, b) for a, b in zip(start.state_dict().values(), trained.state_dict().values())

@@ -19,31 +19,11 @@ from embforge.training.distributed import rank_rows
 from embforge.training.loop import train
 from embforge.training.sampling import TaskPlan, TextKeys, epoch_plan
 from embforge.training.tasks import Task, prepare
+from tests.conftest import WORDS as VOCABULARY
 
 pytest.importorskip("datasets")
 
-WORDS = [
-    "a",
-    "the",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "plays",
-    "guitar",
-    "piano",
-    "car",
-    "drives",
-    "road",
-    "red",
-    "blue",
-    "sun",
-    "rain",
-    "book",
-    "reads",
-    "child",
-    "park",
-]
+WORDS = VOCABULARY[:20]  # a small vocabulary: texts repeat
 
 
 def pair_rows(n: int, seed: int = 0) -> list[dict[str, str]]:

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from tests.conftest import make_tokenizer
+from tests.conftest import make_tokenizer, tiny_bert_config
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -19,18 +19,11 @@ TEXTS = ["a cat runs in the park", "the dog", "a man plays the guitar .", "oil p
 
 
 def make_mlm(seed: int = 0):
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import BertForMaskedLM
 
     tokenizer = make_tokenizer()
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
+    config = tiny_bert_config(len(tokenizer))
     return BertForMaskedLM(config), tokenizer
 
 
