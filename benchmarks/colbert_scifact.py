@@ -5,7 +5,7 @@ tokens with [MASK], documents cut at 180 tokens, punctuation masked) and trains 
 InfoNCE over MaxSim (temperature 1, pylate's ``Contrastive``) on the SciFact train (query, relevant abstract)
 pairs; a dense model is trained the same way (embforge InfoNCE, temperature 0.05) for reference. Every model is
 scored on SciFact dev (121 queries, the whole 5,183-abstract corpus) by the same exact-MaxSim evaluator (pylate's
-saved folder loads in embforge with equal token vectors, tests/test_multivector_pylate.py). embforge's model is
+saved folder loads in embforge with equal token vectors, tests/multivector/test_multivector_pylate.py). embforge's model is
 also searched through a PLAID index (fast-plaid), whose top 10 is compared with exact MaxSim's.
 
 pylate pins torch 2.11 and sentence-transformers 5.3, so its side runs in ``.bench-venvs/pylate`` (this file,

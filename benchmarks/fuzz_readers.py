@@ -1,7 +1,7 @@
 """Fuzz the four table readers (CSV, TSV, JSONL, Parquet) and count what happens.
 
 For each format, ``--examples`` malformed inputs (random bytes, delimiter/quote/brace noise, valid files with
-random byte edits; the strategies of ``tests/test_tables_fuzz.py``) are read with ``read_table`` and sorted into:
+random byte edits; the strategies of ``tests/data/test_tables_fuzz.py``) are read with ``read_table`` and sorted into:
 
 * parsed: the input happened to be a valid table;
 * clear: a ``DataError`` whose message starts ``file:line:`` (Parquet: ``file:``);
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from embforge.data.tables import read_table
 from embforge.data.writers import write_table
-from tests.test_tables_fuzz import FORMATS, datasets, noise, read_outcome
+from tests.data.test_tables_fuzz import FORMATS, datasets, noise, read_outcome
 
 
 def kind(message: str, path: Path) -> str:

@@ -15,7 +15,7 @@ from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.tasks import Task, prepare
 from tests.conftest import make_cross_encoder
-from tests.test_cross_losses import PAIRS
+from tests.losses.test_cross_losses import PAIRS
 
 
 def test_saved_folder_loads_in_sentence_transformers_with_equal_scores(tmp_path):

@@ -119,3 +119,18 @@ def test_intro_names_every_loss():
     intro = README.read_text(encoding="utf-8").split("\n## ", 1)[0]
     for name in [*LOSSES, *CROSS_LOSSES, *MULTIVECTOR_LOSSES]:
         assert f"`{name}`" in intro, f"README's intro does not name the {name!r} loss"
+
+
+def test_tests_mirror_the_package_folders():
+    tests = Path(__file__).resolve().parent
+    package = README.parent / "embforge"
+    for folder in tests.iterdir():
+        if folder.is_dir() and (folder / "__init__.py").exists():
+            assert (package / folder.name / "__init__.py").exists(), (
+                f"tests/{folder.name}/ mirrors no package"
+            )
+            assert f"`tests/{folder.name}/`" in README.read_text(encoding="utf-8") or folder.name in {
+                "multivector",
+                "sparse",
+                "static",
+            }, f"README does not name tests/{folder.name}/"

@@ -10,8 +10,8 @@ from embforge.encoder import Encoder
 from embforge.losses import SimilarityDistillLoss, get_loss
 from embforge.training.pipeline import load_pipeline, run_pipeline
 from embforge.training.tasks import Task
-from tests.test_cached_step import assert_same, dataset, plain_and_cached, texts
-from tests.test_pipeline_teacher import make_teacher_dir, write_pipeline
+from tests.training.test_cached_step import assert_same, dataset, plain_and_cached, texts
+from tests.training.test_pipeline_teacher import make_teacher_dir, write_pipeline
 
 
 def by_hand(student: np.ndarray, teacher: np.ndarray, tau_s: float, tau_t: float) -> float:

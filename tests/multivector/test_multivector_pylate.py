@@ -18,7 +18,7 @@ import pytest
 
 from embforge.multivector import MultiVectorEncoder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYLATE = ROOT / ".bench-venvs" / "pylate" / "bin" / "python"
 pytestmark = pytest.mark.skipif(
     not PYLATE.exists(), reason="pylate's venv (.bench-venvs/pylate) is not installed"
@@ -29,7 +29,9 @@ from pylate_peer import DOCS, QUERIES  # noqa: E402
 
 def peer(*args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    subprocess.run([str(PYLATE), str(ROOT / "tests" / "pylate_peer.py"), *args], check=True, env=env)
+    subprocess.run(
+        [str(PYLATE), str(ROOT / "tests" / "multivector" / "pylate_peer.py"), *args], check=True, env=env
+    )
 
 
 def assert_same_vectors(model: MultiVectorEncoder, pylate_file: Path) -> None:

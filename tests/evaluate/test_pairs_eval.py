@@ -9,7 +9,7 @@ from embforge.data.tables import Dataset
 from embforge.evaluate.pairs import best_threshold, classification_metrics, evaluate_pairs, score_pairs
 from embforge.evaluate.rerank import evaluate_rerank, group_candidates
 from tests.conftest import make_cross_encoder
-from tests.test_cross_losses import PAIRS
+from tests.losses.test_cross_losses import PAIRS
 
 
 def _brute_force_threshold(scores, labels):

@@ -36,7 +36,7 @@ def test_bf16_inference_is_close_to_fp32_and_not_identical(tiny_encoder):
 
 def test_cross_encoder_scores_under_bf16_are_float32_and_close():
     from tests.conftest import make_cross_encoder
-    from tests.test_cross_losses import PAIRS
+    from tests.losses.test_cross_losses import PAIRS
 
     model = make_cross_encoder(num_labels=1)
     full = model.predict(PAIRS)

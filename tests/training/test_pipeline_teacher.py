@@ -165,7 +165,7 @@ def test_seed_overrides_every_stage_from_python_and_the_cli(tmp_path, tiny_model
 @requires_data
 @pytest.mark.parametrize("config", ["embforge/configs/general.toml", "benchmarks/general_distill.toml"])
 def test_the_shipped_general_and_distillation_pipelines_validate(config):
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     pipeline = load_pipeline(root / config)
     validate_pipeline(pipeline, dim=384)  # data columns vs losses, loss options, teacher/loss pairs
     tasks = [t for stage in pipeline.stages for t in stage.tasks]

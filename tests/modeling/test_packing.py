@@ -15,7 +15,7 @@ from embforge.modeling.packing import (
 from embforge.modeling.padding import pad_ids
 from embforge.modeling.pooling import pool
 from tests.conftest import make_cross_encoder
-from tests.test_cross_losses import PAIRS
+from tests.losses.test_cross_losses import PAIRS
 
 TEXTS = [
     "the cat sat on the mat",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_bert, make_tokenizer
-from tests.test_retrieval import _beir
+from tests.retrieval.test_retrieval import _beir
 
 pytest.importorskip("faiss")
 

@@ -14,7 +14,7 @@ from embforge.training.pipeline import load_pipeline, validate_pipeline
 from embforge.training.run import load_toml
 from tests.conftest import requires_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = [
     "embforge/configs/general.toml",
     "embforge/configs/general-mpnet.toml",
