@@ -42,37 +42,13 @@ def test_torchrun_encode_writes_the_one_process_output(tmp_path, tiny_model_dir,
 
     source = tmp_path / "texts.txt"
     source.write_text("".join(t + "\n" for t in corpus))
-    done = torchrun(
-        "encode",
-        "--model",
-        str(tiny_model_dir),
-        "--input",
-        str(source),
-        "--output",
-        str(tmp_path / "two.npy"),
-        "--batch-size",
-        "8",
-        "--quiet",
-        cwd=tmp_path,
-    )
+
+    def encode_args(output: str) -> list[str]:
+        return ["encode", "--model", str(tiny_model_dir), "--input", str(source), "--output", output]
+
+    done = torchrun(*encode_args(str(tmp_path / "two.npy")), "--batch-size", "8", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1 and json.loads(lines[0])["rows"] == 101  # rank 0 alone reports
-    assert (
-        main(
-            [
-                "encode",
-                "--model",
-                str(tiny_model_dir),
-                "--input",
-                str(source),
-                "--output",
-                str(tmp_path / "one.npy"),
-                "--batch-size",
-                "8",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    assert main([*encode_args(str(tmp_path / "one.npy")), "--batch-size", "8", "--quiet"]) == 0
     assert np.array_equal(np.load(tmp_path / "two.npy"), np.load(tmp_path / "one.npy"))
