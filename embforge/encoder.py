@@ -40,7 +40,7 @@ from embforge.modeling.st_folder import (
     write_json,
     write_st_config,
 )
-from embforge.modeling.st_folder import embforge_version as _version  # noqa: F401 (imported from here)
+from embforge.onnx.runtime import OnnxEncoder
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -261,8 +261,6 @@ class Encoder(BatchEncoding, TransformerModule):
         graph) as an :class:`~embforge.onnx.runtime.OnnxEncoder` with the same ``encode()`` (CPU only).
         """
         if backend == "onnx":
-            from embforge.onnx.runtime import OnnxEncoder
-
             if device is not None and str(device) != "cpu":
                 raise ValueError(f"the onnx backend runs on the CPU; device={device!r} is not supported")
             return OnnxEncoder.load(path, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length)

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from embforge.encoder import Encoder
+from embforge.kinds import ModelKind, folder_kind
 from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import ST_CONFIG_FILE, read_st_config, write_json
 
@@ -285,8 +286,6 @@ def sweep_weights(n_models: int, method: str, w: float) -> list[float]:
 
 def _refuse_other_kinds(folders: Sequence[str | os.PathLike]) -> None:
     """Merging averages dense bi-encoders' weights; other kinds (sparse, static, ...) get a clear error."""
-    from embforge.kinds import ModelKind, folder_kind
-
     for folder in folders:
         kind = folder_kind(folder)
         if kind not in (None, ModelKind.DENSE):

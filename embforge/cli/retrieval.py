@@ -249,10 +249,10 @@ def _corpus(folder: str, columns: str | None) -> tuple[list[str], list[str]]:
     if root.is_dir():
         data = load_data(folder, "all" if (root / "corpus_train.csv").exists() else _any_split(root))
         return data.doc_ids, data.documents
-    from embforge.data.retrieval import _read_texts
+    from embforge.data.retrieval import read_texts
     from embforge.data.tables import parse_columns
 
-    ids, titles, texts = _read_texts(root, parse_columns(columns), with_title=True, kind="corpus")
+    ids, titles, texts = read_texts(root, parse_columns(columns), with_title=True, kind="corpus")
     if not ids:
         raise ValueError(f"{root}:1: the corpus is empty")
     return ids, [f"{t} {x}".strip() for t, x in zip(titles, texts)]

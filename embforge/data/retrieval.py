@@ -108,10 +108,10 @@ def load_retrieval_files(
         qrels_columns: the same for the qrels (``query-id``, ``corpus-id``, ``score``).
         name: a label for reports.
     """
-    doc_ids, titles, texts = _read_texts(Path(corpus), corpus_columns, with_title=True, kind="corpus")
+    doc_ids, titles, texts = read_texts(Path(corpus), corpus_columns, with_title=True, kind="corpus")
     if not doc_ids:
         raise DataError(f"{corpus}:1: the corpus is empty: retrieval needs at least one document")
-    query_ids, _, query_texts = _read_texts(Path(queries), query_columns, with_title=False, kind="queries")
+    query_ids, _, query_texts = read_texts(Path(queries), query_columns, with_title=False, kind="queries")
     judged = _read_qrels(Path(qrels), qrels_columns, set(doc_ids), set(query_ids))
     return RetrievalData(doc_ids, texts, query_ids, query_texts, judged, titles, name)
 
@@ -136,9 +136,11 @@ def _rows(path: Path, mapping: Mapping[str, str] | None) -> Iterator[tuple[int, 
         yield line, rename(line, row)
 
 
-def _read_texts(
+def read_texts(
     path: Path, mapping: Mapping[str, str] | None, *, with_title: bool, kind: str
 ) -> tuple[list[str], list[str], list[str]]:
+    """``(ids, titles, texts)`` of a corpus or queries file (``kind`` names it in errors); duplicate ids are an
+    error."""
     ids: list[str] = []
     titles: list[str] = []
     texts: list[str] = []

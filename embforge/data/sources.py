@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from embforge._optional import require
 from embforge.data.columns import LABEL_NAMES, column_rank, is_text_column, standard_mapping
 from embforge.data.delimited import delimited_rows, header_names
-from embforge.data.tables import Dataset, _check_value, _json_target, read_table
+from embforge.data.tables import Dataset, check_value, json_target, read_table
 from embforge.files import DataError, read_lines
 
 MODES = ("memory", "mmap", "stream")
@@ -118,7 +119,7 @@ def check_row(where: str, line: int, row: dict[str, object], expected: list[str]
         for name in row:
             if name not in expected:
                 raise DataError(f"{where}:{line}: column {name!r}: not present in earlier rows")
-    checked = {name: _check_value(Path(where), line, name, value) for name, value in row.items()}
+    checked = {name: check_value(Path(where), line, name, value) for name, value in row.items()}
     if isinstance(checked.get("label"), str):
         raise DataError(
             f"{where}:{line}: column 'label': {checked['label']!r} is a class name; a streamed or memory-mapped "
@@ -196,7 +197,7 @@ def _jsonl_rows(path: Path, mapping: dict[str, str], bad: BadRows) -> Iterator[t
         keys = list(record)
         row: dict[str, object] = {}
         for i, key in enumerate(keys):
-            target = _json_target(key, i, keys, mapping)
+            target = json_target(key, i, keys, mapping)
             if target is not None:
                 row[target] = record[key]
             elif not mapping:
@@ -207,8 +208,6 @@ def _jsonl_rows(path: Path, mapping: dict[str, str], bad: BadRows) -> Iterator[t
 
 
 def _parquet_rows(path: Path, mapping: dict[str, str]) -> Iterator[tuple[int, dict[str, object]]]:
-    from embforge._optional import require
-
     parquet = require("pyarrow.parquet").ParquetFile(path)
     names = header_names([str(n) for n in parquet.schema_arrow.names], mapping, f"{path}:")
     keep = [i for i, n in enumerate(names) if n is not None]
@@ -227,8 +226,6 @@ def hub_rows(
 
     The Hub cache and ``HF_DATASETS_OFFLINE=1`` apply; the "line" of a row is its 1-based number in the split.
     """
-    from embforge._optional import require
-
     stream = require("datasets").load_dataset(name, split=split, streaming=True)
     mapping = standard_mapping(columns)
     bad = BadRows(max_bad_rows)
@@ -385,8 +382,6 @@ def _generator(
 
 
 def _datasets() -> Any:
-    from embforge._optional import require
-
     datasets = require("datasets")
     datasets.disable_progress_bars() if not sys.stderr.isatty() else None
     return datasets

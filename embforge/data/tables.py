@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from embforge._optional import require
 from embforge.data.columns import (
     LABEL_NAMES,
     NEGATIVE,
@@ -162,7 +163,7 @@ def _jsonl_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
         source: dict[str, str] = {}
         keys = list(record)
         for i, key in enumerate(keys):
-            target = _json_target(key, i, keys, mapping)
+            target = json_target(key, i, keys, mapping)
             if target is None:
                 if not mapping:
                     raise DataError(
@@ -178,7 +179,9 @@ def _jsonl_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
         yield line, row
 
 
-def _json_target(key: str, position: int, keys: list[str], mapping: dict[str, str]) -> str | None:
+def json_target(key: str, position: int, keys: list[str], mapping: dict[str, str]) -> str | None:
+    """The column a JSON object's ``key`` (at ``position`` among ``keys``) fills: its standard name, or the one
+    ``mapping`` gives it; ``None`` when the mapping leaves it out."""
     if not mapping:
         return standard_name(key)
     if key in mapping:
@@ -190,8 +193,6 @@ def _json_target(key: str, position: int, keys: list[str], mapping: dict[str, st
 
 
 def _parquet_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
-    from embforge._optional import require
-
     pq = require("pyarrow.parquet")
     errors = (require("pyarrow").lib.ArrowException, OSError, ValueError, TypeError, IndexError)
     try:
@@ -225,7 +226,7 @@ def _validate(
         for name, value in row.items():
             if name not in data.columns:
                 raise DataError(f"{path}:{line}: column {name!r}: not present in earlier rows")
-            data.columns[name].append(_check_value(path, line, name, value, controls))
+            data.columns[name].append(check_value(path, line, name, value, controls))
         data.lines.append(line)
     controls.warn()
     if not data.lines:
@@ -242,15 +243,16 @@ def _validate(
     return data
 
 
-def _check_value(
+def check_value(
     path: Path, line: int, name: str, value: object, controls: ControlCharacters | None = None
 ) -> object:
+    """``value`` of column ``name`` as a row holds it, or a :class:`DataError` naming ``path:line`` and the column."""
     if name == "score" and isinstance(value, list):  # one teacher score per candidate (`embforge score`)
         if not value or any(isinstance(v, list) for v in value):
             raise DataError(
                 f"{path}:{line}: column 'score': a list of scores must hold numbers, got {value!r}"
             )
-        return [_check_value(path, line, name, v) for v in value]
+        return [check_value(path, line, name, v) for v in value]
     if name == "score":
         number = parse_number(value)
         if number is None:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from embforge._optional import require
 from embforge.data.tables import Dataset
 from embforge.files import write_bytes_atomic, write_jsonl, write_text_atomic
 
@@ -65,8 +66,6 @@ def _cell(data: Dataset, name: str, row: int) -> Any:
 
 
 def _write_parquet(path: Path, names: list[str], rows: list[list[Any]]) -> Path:
-    from embforge._optional import require
-
     pa = require("pyarrow")
     pq = require("pyarrow.parquet")
     table = pa.table({name: [row[j] for row in rows] for j, name in enumerate(names)})

@@ -24,6 +24,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from embforge.data.builtin import DATASETS, load_builtin
+from embforge.data.folders import load_retrieval_folder
+from embforge.data.tables import read_table
+from embforge.evaluate.retrieval import evaluate_retrieval
+from embforge.evaluate.sts import evaluate_sts
+
 KINDS = {"sts": "spearman", "retrieval": "ndcg@10"}
 
 
@@ -37,8 +43,6 @@ class MixPart:
 
 
 def _builtin(source: str) -> tuple[str, str] | None:
-    from embforge.data.builtin import DATASETS
-
     for sep in (":", "-"):
         name, _, split = source.rpartition(sep)
         if name in DATASETS and split:
@@ -48,12 +52,6 @@ def _builtin(source: str) -> tuple[str, str] | None:
 
 def parse_mix(spec: str, *, batch_size: int = 64) -> list[MixPart]:
     """Parse ``"sts:PATH,retrieval:scifact-dev"`` into evaluators (data loaded now, models evaluated later)."""
-    from embforge.data.builtin import load_builtin
-    from embforge.data.folders import load_retrieval_folder
-    from embforge.data.tables import read_table
-    from embforge.evaluate.retrieval import evaluate_retrieval
-    from embforge.evaluate.sts import evaluate_sts
-
     parts: list[MixPart] = []
     for item in (x.strip() for x in spec.split(",") if x.strip()):
         kind, sep, source = item.partition(":")

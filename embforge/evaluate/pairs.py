@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from embforge._optional import require
 from embforge.data.tables import Dataset
 from embforge.evaluate.similarity import correlations
 from embforge.kinds import is_pair_scorer
@@ -84,8 +85,6 @@ def best_threshold(scores: np.ndarray, labels: np.ndarray, *, source: str = "dev
 
 def classification_metrics(scores: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
     """Accuracy, F1, precision, recall at ``threshold``; AP and ROC-AUC over the scores (0–100)."""
-    from embforge._optional import require
-
     metrics = require("sklearn.metrics")
     predicted = (scores >= threshold).astype(np.int64)
     result = {

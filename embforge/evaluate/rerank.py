@@ -13,6 +13,7 @@ import numpy as np
 
 from embforge.data.tables import Dataset
 from embforge.evaluate.pairs import score_pairs
+from embforge.evaluate.ranking import evaluate_run
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "map")
 
@@ -48,8 +49,6 @@ def evaluate_rerank(
     batch_size: int = 64,
 ) -> dict[str, float]:
     """Rank each query's candidates by the model's score; mean metrics over queries (0–100) plus ``queries``."""
-    from embforge.evaluate.ranking import evaluate_run
-
     groups, qrels = group_candidates(data, positives_only=positives_only)
     rows = sorted(r for members in groups.values() for r in members)
     scores = np.zeros(len(data))

@@ -14,7 +14,11 @@ import numpy as np
 
 from embforge.data.retrieval import RetrievalData
 from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
+from embforge.kinds import ModelKind, kind_of
+from embforge.multivector.evaluate import evaluate_multivector
+from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
 from embforge.retrieval.index.registry import create_index
+from embforge.sparse.evaluate import evaluate_sparse
 
 RETRIEVAL_METRICS: tuple[str, ...] = (
     "ndcg@10",
@@ -50,8 +54,6 @@ def search_run(
     """
     documents = data.documents
     if corpus_cache is not None:
-        from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
-
         doc_emb = np.asarray(
             encode_corpus(
                 model,
@@ -90,17 +92,10 @@ def evaluate_retrieval(
     A multi-vector (ColBERT) model is scored by MaxSim instead (``index``: ``exact`` or ``plaid``;
     :mod:`embforge.multivector.evaluate`).
     """
-    from embforge.kinds import ModelKind, kind_of
-
     if kind_of(model) == ModelKind.MULTIVECTOR:
-        from embforge.multivector.evaluate import evaluate_multivector
-
         return evaluate_multivector(model, data, metrics=metrics, batch_size=batch_size, index=index)
-    from embforge.kinds import ModelKind, kind_of
 
     if kind_of(model) == ModelKind.SPARSE:  # SPLADE: dot products over an inverted index (embforge.sparse)
-        from embforge.sparse.evaluate import evaluate_sparse
-
         return evaluate_sparse(
             model, data, metrics=metrics, batch_size=batch_size, show_progress=show_progress
         )

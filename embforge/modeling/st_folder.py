@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from embforge import __version__
 from embforge.modeling.dense import Dense
 from embforge.modeling.pooling import mode_from_st_config
 from embforge.modeling.resolve import resolve_model_path
@@ -35,8 +36,6 @@ ST_NORMALIZE = "sentence_transformers.models.Normalize"
 
 def embforge_version() -> str:
     """The version stamped into ``config_sentence_transformers.json`` (``"__version__": {"embforge": ...}``)."""
-    from embforge import __version__
-
     return __version__
 
 

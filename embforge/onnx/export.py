@@ -29,10 +29,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge._optional import require
+from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
+from embforge.encoder import Encoder
+from embforge.kinds import ModelKind, folder_kind
 from embforge.modeling.decoder import backbone_hidden
 from embforge.modeling.lora import merge_lora, uses_adapters
+from embforge.modeling.padding import pad_ids
 from embforge.modeling.pooling import pool
 from embforge.modeling.resolve import resolve_model_path
+from embforge.onnx.runtime import OnnxCrossEncoder, OnnxEncoder
+from embforge.quantization import RANGES_FILE, calibrate, write_ranges
+from embforge.retrieval.corpus_cache import model_fingerprint
 
 META_FILE = "embforge_onnx.json"
 FP32_FILE = "model.onnx"
@@ -201,8 +208,6 @@ def export_onnx(
     _refuse_unexported_kinds(source)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    from embforge.cross_encoder import is_cross_encoder_folder
-    from embforge.quantization import RANGES_FILE
 
     cross = is_cross_encoder_folder(source)
     if cross and calibration is not None:
@@ -229,9 +234,6 @@ def export_onnx(
 
 def _save_calibration(out: Path, texts: Sequence[str], *, source: str) -> dict[str, Any]:
     """Calibration ranges of the exported fp32 graph's embeddings on ``texts``, written beside the graph."""
-    from embforge.onnx.runtime import OnnxEncoder
-    from embforge.quantization import calibrate, write_ranges
-
     ranges = calibrate(OnnxEncoder.load(out / FP32_FILE), list(texts))
     path = write_ranges(out, ranges, texts=len(texts), source=source)
     return {"ranges": path.name, "texts": len(texts)}
@@ -239,8 +241,6 @@ def _save_calibration(out: Path, texts: Sequence[str], *, source: str) -> dict[s
 
 def _refuse_unexported_kinds(source: Path) -> None:
     """A clear error for the model kinds without an ONNX export (sparse, static)."""
-    from embforge.kinds import ModelKind, folder_kind
-
     kind = folder_kind(source)
     if kind == ModelKind.SPARSE:
         raise ValueError(
@@ -267,11 +267,7 @@ def _export_bi_encoder(
     parity_texts: Sequence[str] | None,
     min_cosine: float,
 ) -> dict[str, Any]:
-    from embforge.encoder import Encoder
-    from embforge.onnx.runtime import OnnxEncoder
-
     encoder = Encoder.load(source)
-    from embforge.retrieval.corpus_cache import model_fingerprint
 
     fingerprint = model_fingerprint(encoder)  # an index built by the source model accepts the export
     if uses_adapters(encoder.backbone):  # a LoRA folder: the graph gets the merged weights
@@ -281,7 +277,6 @@ def _export_bi_encoder(
     _eager(encoder.backbone)
     graph = BiEncoderGraph(encoder.backbone, pooling=encoder.pooling, normalize=encoder.normalize, dim=dim)
     ids = encoder.tokenize_ids(["a short one", "and a somewhat longer second sentence here"])
-    from embforge.modeling.padding import pad_ids
 
     batch, mask = pad_ids(ids, encoder.pad_token_id, device=torch.device("cpu"))
     inputs = ["input_ids", "attention_mask"]
@@ -334,9 +329,6 @@ def _export_cross_encoder(
     parity_texts: Sequence[str] | None,
     max_score_diff: float,
 ) -> dict[str, Any]:
-    from embforge.cross_encoder import CrossEncoder
-    from embforge.onnx.runtime import OnnxCrossEncoder
-
     ce = CrossEncoder.load(source)
     if uses_adapters(ce.model):  # a LoRA folder: the graph gets the merged weights
         merge_lora(ce)

@@ -33,7 +33,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.modeling.encoding import BatchEncoding
-from embforge.onnx.runtime import OnnxCrossEncoder, _load_tokenizer, _pad, read_export_meta
+from embforge.onnx.runtime import OnnxCrossEncoder, load_tokenizer, pad_batch, read_export_meta
 
 INT8_IR = "openvino_int8.xml"
 # OpenVINO's CPU plugin prepares kernels per input shape: a shape it has not seen costs ~2.7x a seen one (MiniLM
@@ -135,7 +135,7 @@ class OpenVinoEncoder(BatchEncoding):
         the module docstring."""
         folder, graph, meta = _graph_of(path, "bi-encoder")
         compiled = compile_graph(graph, threads=threads, streams=streams)
-        return cls(compiled, _load_tokenizer(folder), meta, graph=graph)
+        return cls(compiled, load_tokenizer(folder), meta, graph=graph)
 
     @property
     def dim(self) -> int:
@@ -144,7 +144,7 @@ class OpenVinoEncoder(BatchEncoding):
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One inference on token-id lists padded together (to a multiple of :data:`WIDTH_STEP` tokens):
         ``(n, dim)`` float32."""
-        batch, mask = _pad(ids, self.pad_token_id)
+        batch, mask = pad_batch(ids, self.pad_token_id)
         feeds = {"input_ids": batch, "attention_mask": mask}
         if "token_type_ids" in self.pool.inputs:
             feeds["token_type_ids"] = np.zeros_like(batch)
@@ -174,7 +174,7 @@ class OpenVinoCrossEncoder(OnnxCrossEncoder):
         parity gate is 1e-3)."""
         folder, graph, meta = _graph_of(path, "cross-encoder")
         compiled = compile_graph(graph, threads=threads, streams=streams, f32=True)
-        return cls(compiled, _load_tokenizer(folder), meta)
+        return cls(compiled, load_tokenizer(folder), meta)
 
     def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         pad = int(self.tokenizer.pad_token_id or 0)
@@ -192,14 +192,14 @@ def quantize_openvino_int8(
     ov = require("openvino")
     nncf = require("nncf")
     folder, graph, meta = read_export_meta(export)
-    tokenizer = _load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder)
     ids = tokenizer(
         list(texts), truncation=True, max_length=int(meta["max_seq_length"]), return_token_type_ids=False
     )["input_ids"]
     pad = int(tokenizer.pad_token_id or 0)
     batches = []
     for start in range(0, len(ids), batch_size):
-        batch, mask = _pad(ids[start : start + batch_size], pad)
+        batch, mask = pad_batch(ids[start : start + batch_size], pad)
         batches.append({"input_ids": batch, "attention_mask": mask})
     model = ov.Core().read_model(str(graph))
     quantized = nncf.quantize(

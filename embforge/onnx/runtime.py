@@ -57,13 +57,15 @@ def make_session(graph: Path, *, threads: int | None = None) -> Any:
     return ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def _load_tokenizer(folder: Path) -> Any:
+def load_tokenizer(folder: Path) -> Any:
+    """The tokenizer saved in an export folder."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def _pad(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> ``(input_ids, attention_mask)`` int64 arrays, right-padded with ``pad_id``."""
     width = max(len(x) for x in ids)
     batch = np.full((len(ids), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(ids), width), dtype=np.int64)
@@ -112,7 +114,7 @@ class OnnxEncoder(BatchEncoding):
                     f"{name}={value!r} differs from the exported graph ({meta[name]!r}, fixed at export time); "
                     "re-export the model with the setting you want"
                 )
-        model = cls(make_session(graph, threads=threads), _load_tokenizer(folder), meta, graph=graph)
+        model = cls(make_session(graph, threads=threads), load_tokenizer(folder), meta, graph=graph)
         if max_seq_length is not None:
             model.max_seq_length = max_seq_length
         return model
@@ -123,7 +125,7 @@ class OnnxEncoder(BatchEncoding):
 
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One graph call on a list of token-id lists (padded together): ``(n, dim)`` float32."""
-        batch, mask = _pad(ids, self.pad_token_id)
+        batch, mask = pad_batch(ids, self.pad_token_id)
         feeds = {"input_ids": batch, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(batch)
@@ -152,7 +154,7 @@ class OnnxCrossEncoder:
         folder, graph, meta = read_export_meta(path)
         if meta.get("kind") != "cross-encoder":
             raise ValueError(f"{graph} is a {meta.get('kind')} export; load it with OnnxEncoder")
-        return cls(make_session(graph, threads=threads), _load_tokenizer(folder), meta)
+        return cls(make_session(graph, threads=threads), load_tokenizer(folder), meta)
 
     @property
     def activation(self) -> str | None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.retrieval.index.exact import topk_inner_product
+from embforge.retrieval.index.registry import create_index
 
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
@@ -34,7 +35,6 @@ def dense_candidates(q: np.ndarray, d: np.ndarray, depth: int, index: str) -> tu
     if index == "exact":
         scores, positions = topk_inner_product(q, d, depth)
         return positions, scores.astype(np.float64)
-    from embforge.retrieval.index.registry import create_index
 
     vector_index = create_index(index, d.shape[1])
     vector_index.add([str(i) for i in range(len(d))], d)

@@ -29,6 +29,7 @@ import numpy as np
 from embforge._optional import require
 from embforge.data.texts import is_blank
 from embforge.kinds import ModelKind, kind_of
+from embforge.multivector.serve import create_multivector_app
 from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
@@ -36,6 +37,7 @@ from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_
 from embforge.serve.models import ModelSet, ServedModel, pair_costs
 from embforge.serve.prometheus import Metrics
 from embforge.serve.store import DocumentStore, DuplicateIdError
+from embforge.sparse.serve import create_sparse_app
 
 require("fastapi")
 orjson = require("orjson")
@@ -371,8 +373,6 @@ def _other_kind_app(
         return None
     name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
     if kind_of(only) == ModelKind.MULTIVECTOR:
-        from embforge.multivector.serve import create_multivector_app
-
         if store is not None:
             raise ValueError(
                 "a multi-vector model keeps its search documents in memory (POST /index/documents); "
@@ -380,8 +380,6 @@ def _other_kind_app(
             )
         return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
     if kind_of(only) == ModelKind.SPARSE:  # {indices, values} embeddings and an inverted index
-        from embforge.sparse.serve import create_sparse_app
-
         if store is not None:
             raise ValueError(
                 "a sparse model keeps its search documents in an in-memory inverted index (POST "

@@ -103,22 +103,11 @@ def serve(
         from embforge.quantization import read_texts
 
         texts = read_texts(calibration)
-    names = _named(model)
-    encoders = {
-        name: load_encoder(path, backend=backend, threads=threads, calibration=texts, streams=streams)
-        for name, path in names.items()
-    }
-    ranges = {name: calibrated(encoder, texts) for name, encoder in encoders.items()} if texts else None
-    scorers = {
-        name: load_reranker(path, backend=backend, threads=threads, streams=streams)
-        for name, path in _named(reranker or {}).items()
-    }
-    first, encoder = next(iter(encoders.items()))
-    if isinstance(model, str):  # one unnamed model: reported under --model-name
-        encoders = {cfg.model_name: encoder}
-        ranges = {cfg.model_name: ranges[first]} if ranges else None
-    if isinstance(reranker, str):
-        scorers = {cfg.reranker_name or reranker: scorers[reranker]}
+    encoders, ranges, path = _load_embedders(
+        model, cfg, backend=backend, threads=threads, calibration=texts, streams=streams
+    )
+    scorers = _load_rerankers(reranker, cfg, backend=backend, threads=threads, streams=streams)
+    encoder = next(iter(encoders.values()))
     store = None
     if index:
         store = DocumentStore.open(
@@ -126,7 +115,7 @@ def serve(
             dim=int(encoder.dim),
             kind=index_kind,
             options=index_options,
-            model=model_identity(encoder, names[first]),
+            model=model_identity(encoder, path),
             allow_model_mismatch=allow_model_mismatch,
             compact_bytes=compact_bytes,
         )
@@ -140,6 +129,48 @@ def serve(
     # (exit status -15, a failure to a process manager); after a graceful drain both end here, and serve returns
     with contextlib.suppress(KeyboardInterrupt), _sigterm_handled():
         server.run()
+
+
+def _load_embedders(
+    model: str | Mapping[str, str],
+    cfg: ServeConfig,
+    *,
+    backend: str,
+    threads: int | None,
+    calibration: list[str] | None,
+    streams: int,
+) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+    """``({name: embedder}, {name: int8 ranges} or None, the first model's path)``; one unnamed model is reported
+    under ``cfg.model_name``."""
+    names = _named(model)
+    encoders = {
+        name: load_encoder(path, backend=backend, threads=threads, calibration=calibration, streams=streams)
+        for name, path in names.items()
+    }
+    ranges = {name: calibrated(e, calibration) for name, e in encoders.items()} if calibration else None
+    first, encoder = next(iter(encoders.items()))
+    if isinstance(model, str):
+        encoders = {cfg.model_name: encoder}
+        ranges = {cfg.model_name: ranges[first]} if ranges else None
+    return encoders, ranges, names[first]
+
+
+def _load_rerankers(
+    reranker: str | Mapping[str, str] | None,
+    cfg: ServeConfig,
+    *,
+    backend: str,
+    threads: int | None,
+    streams: int,
+) -> dict[str, Any]:
+    """``{name: reranker}``; one unnamed reranker is reported under ``cfg.reranker_name`` when set."""
+    scorers = {
+        name: load_reranker(path, backend=backend, threads=threads, streams=streams)
+        for name, path in _named(reranker or {}).items()
+    }
+    if isinstance(reranker, str):
+        scorers = {cfg.reranker_name or reranker: scorers[reranker]}
+    return scorers
 
 
 @contextlib.contextmanager

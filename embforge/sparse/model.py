@@ -31,6 +31,7 @@ from embforge.modeling.module import TransformerModule, inference_context
 from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
+from embforge.sparse.folder import read_sparse_folder, write_sparse_folder
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -274,8 +275,6 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         """Load a sentence-transformers ``SparseEncoder`` folder (plain or inference-free ``Router``), or a
         Hugging Face ``...ForMaskedLM`` folder (max pooling, ReLU). ``inference_free=True`` on a folder without
         a query table adds one (all weights 1) for training."""
-        from embforge.sparse.folder import read_sparse_folder
-
         model = read_sparse_folder(cls, path, max_seq_length=max_seq_length, inference_free=inference_free)
         model.name_or_path = str(path)
         if device is not None:
@@ -284,6 +283,4 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sentence-transformers ``SparseEncoder`` folder (loads with ``SparseEncoder(path)``)."""
-        from embforge.sparse.folder import write_sparse_folder
-
         write_sparse_folder(self, path)

@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from embforge.retrieval.index.base import VectorIndex
+from embforge.retrieval.index.binary import BinaryIndex
+from embforge.retrieval.index.exact import NumpyIndex
+from embforge.retrieval.index.faiss import FaissIndex
+from embforge.retrieval.index.qdrant import QdrantIndex
 
 INDEX_KINDS = ("exact", "flat", "hnsw", "ivf", "ivfpq", "pq", "qdrant", "binary")
 
@@ -35,21 +39,15 @@ def create_index(kind: str, dim: int, *, storage: str | Path | None = None, **op
     """
     check_kind(kind)
     if kind == "exact":
-        from embforge.retrieval.index.exact import NumpyIndex
-
         if options:
             raise ValueError(f"the exact index takes no options, got {', '.join(options)}")
         return NumpyIndex(dim)
     if kind == "binary":
-        from embforge.retrieval.index.binary import BinaryIndex
-
         unknown = set(options) - {"rescore"}
         if unknown:
             raise ValueError(f"binary index: unknown option(s) {', '.join(sorted(unknown))}; known: rescore")
         return BinaryIndex(dim, **options)
     if kind == "qdrant":
-        from embforge.retrieval.index.qdrant import QdrantIndex
-
         unknown = set(options) - {"url", "collection", "api_key"}
         if unknown:
             raise ValueError(
@@ -57,7 +55,6 @@ def create_index(kind: str, dim: int, *, storage: str | Path | None = None, **op
             )
         url = options.get("url")
         return QdrantIndex(dim, path=None if url else storage, **options)
-    from embforge.retrieval.index.faiss import FaissIndex
 
     return FaissIndex(dim, kind=kind, **options)
 
@@ -75,19 +72,11 @@ def load_index(path: str | Path, *, storage: str | Path | None = None) -> Vector
         raise FileNotFoundError(f"{meta_file} does not exist: {path} is not an embforge index folder")
     backend = json.loads(meta_file.read_text()).get("backend")
     if backend == "numpy":
-        from embforge.retrieval.index.exact import NumpyIndex
-
         return NumpyIndex.load(path)
     if backend == "binary":
-        from embforge.retrieval.index.binary import BinaryIndex
-
         return BinaryIndex.load(path)
     if backend == "faiss":
-        from embforge.retrieval.index.faiss import FaissIndex
-
         return FaissIndex.load(path)
     if backend == "qdrant":
-        from embforge.retrieval.index.qdrant import QdrantIndex
-
         return QdrantIndex.load(path, storage=storage)
     raise ValueError(f"{meta_file}: unknown index backend {backend!r} (known: numpy, binary, faiss, qdrant)")
