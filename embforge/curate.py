@@ -30,14 +30,23 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
 from embforge.data.dedup import jaccard, near_duplicate_pairs, normalise, shingles
 from embforge.data.tables import Dataset, read_table
 
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
+
 STEPS = ("exact", "leakage", "near", "consistency", "cross")
+
+
+class Drop(Protocol):
+    """Removes a row from the output and records why (its step, a reason, and step-specific details)."""
+
+    def __call__(self, row: int, step: str, reason: str, **detail: object) -> None: ...
 
 
 @dataclass
@@ -51,10 +60,12 @@ class CurateConfig:
     leak_threshold: float | None = (
         None  # also drop MinHash near-duplicates of evaluation texts at this Jaccard
     )
-    model: Any = None  # bi-encoder (folder or loaded) for near="embedding" and the consistency check
+    model: str | Embedder | None = (
+        None  # bi-encoder (folder or loaded) for near="embedding" and the consistency check
+    )
     consistency: bool = False
     top_k: int = 10
-    cross_encoder: Any = None  # cross-encoder (folder or loaded) confirming pairs
+    cross_encoder: str | PairScorer | None = None  # cross-encoder (folder or loaded) confirming pairs
     cross_threshold: float = 0.5
     batch_size: int = 64
 
@@ -74,13 +85,13 @@ class CurateReport:
     path: str
     rows_in: int
     kept: list[int]
-    removed: list[dict[str, Any]]
-    notes: dict[str, Any] = field(default_factory=dict)
+    removed: list[dict[str, object]]
+    notes: dict[str, object] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         counts = {step: 0 for step in STEPS}
         for record in self.removed:
-            counts[record["step"]] += 1
+            counts[str(record["step"])] += 1
         assert self.rows_in == len(self.kept) + len(self.removed), "every row is kept or reported"
         return {
             "input": self.path,
@@ -90,7 +101,7 @@ class CurateReport:
             **self.notes,
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.summary(), "rows": self.removed}
 
 
@@ -98,10 +109,10 @@ def curate(data: Dataset, config: CurateConfig, *, show_progress: bool = False) 
     """Run the configured steps over ``data`` (see the module docstring); return what was kept and removed."""
     n = len(data)
     alive = np.ones(n, dtype=bool)
-    removed: list[dict[str, Any]] = []
-    notes: dict[str, Any] = {}
+    removed: list[dict[str, object]] = []
+    notes: dict[str, object] = {}
 
-    def drop(row: int, step: str, reason: str, **detail: Any) -> None:
+    def drop(row: int, step: str, reason: str, **detail: object) -> None:
         alive[row] = False
         removed.append({"line": data.lines[row], "step": step, "reason": reason, **detail})
 
@@ -157,11 +168,11 @@ def curate(data: Dataset, config: CurateConfig, *, show_progress: bool = False) 
                 drop(
                     int(row), "cross", "cross-encoder score below the threshold", score=round(float(score), 4)
                 )
-    removed.sort(key=lambda r: r["line"])
+    removed.sort(key=lambda r: cast(int, r["line"]))
     return CurateReport(data.path, n, [int(i) for i in np.flatnonzero(alive)], removed, notes)
 
 
-def _leakage(data: Dataset, config: CurateConfig, alive: np.ndarray, drop: Any) -> None:
+def _leakage(data: Dataset, config: CurateConfig, alive: np.ndarray, drop: Drop) -> None:
     seen: dict[str, str] = {}
     eval_texts: list[tuple[str, str]] = []
     for path in config.eval_files:
@@ -194,13 +205,13 @@ def _leakage(data: Dataset, config: CurateConfig, alive: np.ndarray, drop: Any) 
             )
 
 
-def _load_encoder(model: Any) -> Any:
+def _load_encoder(model: str | Embedder) -> Embedder:
     from embforge.encoder import Encoder
 
     return Encoder.load(model) if isinstance(model, str) else model
 
 
-def _load_cross(model: Any) -> Any:
+def _load_cross(model: str | PairScorer) -> PairScorer:
     from embforge.cross_encoder import CrossEncoder
 
     return CrossEncoder.load(model) if isinstance(model, str) else model
@@ -239,7 +250,7 @@ def _near_by_shingles(data: Dataset, rows: list[int], threshold: float) -> list[
 
 
 def _near_by_embedding(
-    data: Dataset, model: Any, config: CurateConfig, alive: np.ndarray, drop: Any, show_progress: bool
+    data: Dataset, model: Embedder, config: CurateConfig, alive: np.ndarray, drop: Drop, show_progress: bool
 ) -> None:
     """Drop rows whose per-column embedding cosine, averaged over the text columns, reaches ``near_threshold``
     against an earlier kept row (each column weighs the same, as in :func:`_near_by_shingles`)."""
@@ -272,7 +283,7 @@ def _near_by_embedding(
                 )
 
 
-def _cross_scores(cross: Any, data: Dataset, rows: list[int], config: CurateConfig) -> np.ndarray:
+def _cross_scores(cross: PairScorer, data: Dataset, rows: list[int], config: CurateConfig) -> np.ndarray:
     pairs = [(data.columns["anchor"][r], data.columns["positive"][r]) for r in rows]
     return np.asarray(cross.predict(pairs, batch_size=config.batch_size), dtype=np.float64).reshape(-1)
 
@@ -295,11 +306,11 @@ def _too_few_candidates(data: Dataset, config: CurateConfig, alive: np.ndarray) 
 
 def _consistency(
     data: Dataset,
-    model: Any,
-    cross: Any,
+    model: Embedder,
+    cross: PairScorer | None,
     config: CurateConfig,
     alive: np.ndarray,
-    drop: Any,
+    drop: Drop,
     show_progress: bool,
 ) -> int:
     """Drop pairs whose positive is not in the anchor's top-k of the file's candidate texts; returns rescues."""
@@ -330,7 +341,7 @@ def _consistency(
         if cross_scores is not None and cross_scores[idx] >= config.cross_threshold:
             rescued += 1
             continue
-        detail: dict[str, Any] = {"rank": rank, "top_k": config.top_k}
+        detail: dict[str, object] = {"rank": rank, "top_k": config.top_k}
         if cross_scores is not None:
             detail["cross_score"] = round(float(cross_scores[idx]), 4)
         drop(row, "consistency", "positive not in the anchor's top-k under the model", **detail)

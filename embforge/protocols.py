@@ -130,6 +130,17 @@ class PairScorer(Kinded, Protocol):
     ) -> np.ndarray: ...
 
 
+class TaskBatches(Protocol):
+    """A prepared training task as one micro-step uses it (:mod:`embforge.training.tasks`): the model inputs of
+    some rows, their labels, and the task's loss of the model's outputs for those inputs."""
+
+    def inputs(self, rows: Sequence[int]) -> Sequence[object]: ...
+
+    def labels(self, rows: Sequence[int]) -> Tensor | None: ...
+
+    def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor: ...
+
+
 class Loss(Protocol):
     """What the trainer reads of a loss before calling it: the data it needs and the kind of input it takes.
 

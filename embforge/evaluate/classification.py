@@ -7,12 +7,15 @@ This is the MTEB classification protocol without its sub-sampling: embed ``text`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 
 def _text_and_labels(data: Dataset, purpose: str) -> tuple[list[str], np.ndarray]:
@@ -44,7 +47,7 @@ def classification_scores(
 
 
 def evaluate_classification(
-    model: Any,
+    model: Embedder,
     train: Dataset,
     test: Dataset,
     *,
@@ -55,7 +58,7 @@ def evaluate_classification(
     """Accuracy and macro-F1 (0–100) of logistic regression on ``model``'s embeddings.
 
     Args:
-        model: Anything with ``encode(texts, batch_size=..., normalize=...)`` (an :class:`~embforge.Encoder`).
+        model: An :class:`~embforge.protocols.Embedder` (e.g. an :class:`~embforge.Encoder`).
         train: ``text, label`` rows the classifier is fitted on.
         test: ``text, label`` rows it is scored on (labels must use the same integer ids as ``train``).
         batch_size: Encoding batch size.
@@ -84,11 +87,13 @@ def evaluate_classification(
 
 
 def classification_evaluator(
-    train: Dataset, test: Dataset, **options: Any
-) -> Callable[[Any], dict[str, float]]:
+    train: Dataset, test: Dataset, *, batch_size: int = 64, max_iter: int = 1000, seed: int = 42
+) -> Callable[[Embedder], dict[str, float]]:
     """An evaluator for the trainer whose main metric is ``accuracy``."""
 
-    def run(model: Any) -> dict[str, float]:
-        return evaluate_classification(model, train, test, **options)
+    def run(model: Embedder) -> dict[str, float]:
+        return evaluate_classification(
+            model, train, test, batch_size=batch_size, max_iter=max_iter, seed=seed
+        )
 
     return run

@@ -8,12 +8,15 @@ k-means seeds, since k-means finds a local optimum.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 
 def cluster_scores(
@@ -38,7 +41,7 @@ def cluster_scores(
 
 
 def evaluate_clustering(
-    model: Any, data: Dataset, *, batch_size: int = 64, seeds: int = 3
+    model: Embedder, data: Dataset, *, batch_size: int = 64, seeds: int = 3
 ) -> dict[str, float]:
     """V-measure (0–100, mean over ``seeds`` k-means runs) of ``model``'s embeddings of ``text`` against ``label``.
 
@@ -57,10 +60,12 @@ def evaluate_clustering(
     }
 
 
-def clustering_evaluator(data: Dataset, **options: Any) -> Callable[[Any], dict[str, float]]:
+def clustering_evaluator(
+    data: Dataset, *, batch_size: int = 64, seeds: int = 3
+) -> Callable[[Embedder], dict[str, float]]:
     """An evaluator for the trainer whose main metric is ``v_measure``."""
 
-    def run(model: Any) -> dict[str, float]:
-        return evaluate_clustering(model, data, **options)
+    def run(model: Embedder) -> dict[str, float]:
+        return evaluate_clustering(model, data, batch_size=batch_size, seeds=seeds)
 
     return run

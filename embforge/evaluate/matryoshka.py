@@ -11,17 +11,32 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from embforge._optional import require
 
+if TYPE_CHECKING:
+    from embforge.kinds import ModelKind
+    from embforge.protocols import Embedder
+
+
+class MatryoshkaResult(TypedDict):
+    """What :func:`evaluate_matryoshka` returns (dimensions are the keys of the inner maps)."""
+
+    metric: str
+    dims: list[int]
+    scores: dict[int, float]
+    retained: dict[int, float]
+    all: dict[int, dict[str, float]]
+
 
 class TruncatedModel:
-    """A view of ``model`` whose :meth:`encode` keeps the first ``dim`` dimensions; everything else delegates."""
+    """A view of ``model`` whose :meth:`encode` keeps the first ``dim`` dimensions; the rest of the
+    :class:`~embforge.protocols.Embedder` contract is the model's."""
 
-    def __init__(self, model: Any, dim: int, cache: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(self, model: Embedder, dim: int, cache: dict[str, np.ndarray] | None = None) -> None:
         if not 0 < dim <= model.dim:
             raise ValueError(
                 f"Matryoshka dimension {dim} must be between 1 and the model's dimension {model.dim}"
@@ -30,32 +45,63 @@ class TruncatedModel:
         self.dim = dim
         self.cache = {} if cache is None else cache
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
+    @property
+    def kind(self) -> ModelKind:
+        return self.model.kind
+
+    @property
+    def normalize(self) -> bool:
+        return self.model.normalize
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        return self.model.prompts
+
+    def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+        return self.model.prompt_text(prompt, prompt_name)
+
+    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
+        return self.model.tokenize_ids(texts, prefix=prefix)
 
     def encode(
-        self, texts: str | Sequence[str], *, normalize: bool | None = None, **options: Any
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        dim: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
+        """The model's (cached, full-size) embeddings cut to the first ``min(dim, self.dim)`` dimensions."""
         single = isinstance(texts, str)
         batch = [texts] if isinstance(texts, str) else list(texts)
-        key = hashlib.sha1(
-            repr((batch, options.get("prompt"), options.get("prompt_name"))).encode()
-        ).hexdigest()
+        key = hashlib.sha1(repr((batch, prompt, prompt_name)).encode()).hexdigest()
         if key not in self.cache:
-            self.cache[key] = self.model.encode(batch, normalize=False, **options)
-        out = self.cache[key][:, : self.dim]
+            self.cache[key] = self.model.encode(
+                batch,
+                batch_size=batch_size,
+                normalize=False,
+                prompt=prompt,
+                prompt_name=prompt_name,
+                show_progress=show_progress,
+                on_batch=on_batch,
+            )
+        out = self.cache[key][:, : min(self.dim, dim or self.dim)]
         if self.model.normalize if normalize is None else normalize:
             out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out[0] if single else out
 
 
 def evaluate_matryoshka(
-    model: Any,
-    evaluator: Callable[[Any], Mapping[str, float]],
+    model: Embedder,
+    evaluator: Callable[[Embedder], Mapping[str, float]],
     dims: Sequence[int],
     *,
     metric: str,
-) -> dict[str, Any]:
+) -> MatryoshkaResult:
     """Run ``evaluator`` at each of ``dims`` (and the full size) on truncated embeddings.
 
     Args:
@@ -84,7 +130,7 @@ def evaluate_matryoshka(
     }
 
 
-def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+def format_table(results: Mapping[str, MatryoshkaResult]) -> str:
     """A Markdown table: one row per dimension, per run (``label -> evaluate_matryoshka result``) the score and
     the retained fraction of that run's full-size score."""
     labels = list(results)
@@ -96,12 +142,12 @@ def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
         cells = []
         for k in labels:
             score, kept = results[k]["scores"].get(d), results[k]["retained"].get(d)
-            cells += ["–", "–"] if score is None else [f"{score:.2f}", f"{100 * kept:.1f}%"]
+            cells += ["–", "–"] if score is None or kept is None else [f"{score:.2f}", f"{100 * kept:.1f}%"]
         rows.append(f"| {d} | " + " | ".join(cells) + " |")
     return "\n".join([head, rule, *rows])
 
 
-def plot_matryoshka(results: Mapping[str, Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
+def plot_matryoshka(results: Mapping[str, MatryoshkaResult], path: str | Path, *, title: str = "") -> Path:
     """Save a PNG of score vs dimension, one line per run, with a log-2 dimension axis."""
     matplotlib = require("matplotlib")
     matplotlib.use("Agg")

@@ -22,7 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.folders import load_retrieval_folder
@@ -39,7 +42,7 @@ class MixPart:
 
     label: str
     metric: str
-    evaluate: Callable[[Any], dict[str, float]]
+    evaluate: Callable[[Embedder], dict[str, float]]
 
 
 def _builtin(source: str) -> tuple[str, str] | None:
@@ -76,7 +79,7 @@ def parse_mix(spec: str, *, batch_size: int = 64) -> list[MixPart]:
     return parts
 
 
-def evaluate_mix(model: Any, parts: list[MixPart]) -> dict[str, float]:
+def evaluate_mix(model: Embedder, parts: list[MixPart]) -> dict[str, float]:
     """Each part's headline metric (0-100) under its label, and their unweighted ``mean``."""
     scores = {part.label: float(part.evaluate(model)[part.metric]) for part in parts}
     scores["mean"] = sum(scores.values()) / len(parts)

@@ -16,19 +16,25 @@ download their data from the Hugging Face hub; :func:`local_task` instead fills 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from torch import Tensor
+
+    from embforge.protocols import Embedder
+
 
 class MTEBEncoder:
     """An embforge encoder seen through mteb's ``EncoderProtocol``.
 
     Args:
-        model: An :class:`~embforge.encoder.Encoder` (anything with ``encode`` and ``prompts``).
+        model: An :class:`~embforge.protocols.Embedder` (e.g. an :class:`~embforge.encoder.Encoder`).
         name: Model name reported in mteb results (``org/name`` form).
         batch_size: Encoding batch size (mteb's ``encode_kwargs["batch_size"]`` wins when given).
         normalize: L2-normalise embeddings; ``None`` keeps the model's own setting (as mteb's
@@ -39,7 +45,12 @@ class MTEBEncoder:
     """
 
     def __init__(
-        self, model: Any, *, name: str = "embforge/model", batch_size: int = 32, normalize: bool | None = None
+        self,
+        model: Embedder,
+        *,
+        name: str = "embforge/model",
+        batch_size: int = 32,
+        normalize: bool | None = None,
     ) -> None:
         self.model = model
         self.name = name if "/" in name else f"embforge/{name}"
@@ -47,7 +58,7 @@ class MTEBEncoder:
         self.normalize = normalize
 
     @property
-    def mteb_model_meta(self) -> Any:
+    def mteb_model_meta(self) -> object:
         meta = require("mteb.models.model_meta")
         return meta.ModelMeta.create_empty(
             {
@@ -58,24 +69,25 @@ class MTEBEncoder:
             }
         )
 
-    def _prompt_name(self, prompt_type: Any) -> str | None:
+    def _prompt_name(self, prompt_type: object) -> str | None:
         if prompt_type is None:
             return None
         value = str(getattr(prompt_type, "value", prompt_type))
         for candidate in (value, "passage" if value == "document" else None):
-            if candidate and candidate in (getattr(self.model, "prompts", None) or {}):
+            if candidate and candidate in self.model.prompts:
                 return candidate
         return None
 
     def encode(
         self,
-        inputs: Iterable[Mapping[str, Any]],
+        inputs: Iterable[Mapping[str, Iterable[object]]],
         *,
-        task_metadata: Any = None,
+        task_metadata: object = None,
         hf_split: str = "",
         hf_subset: str = "",
-        prompt_type: Any = None,
-        **kwargs: Any,
+        prompt_type: object = None,
+        batch_size: int | None = None,
+        **kwargs: object,
     ) -> np.ndarray:
         """Embed every ``text`` of mteb's batches, in order; returns ``(n, dim)`` float32."""
         texts: list[str] = []
@@ -87,12 +99,12 @@ class MTEBEncoder:
             texts.extend(str(t) for t in batch["text"])
         return self.model.encode(
             texts,
-            batch_size=int(kwargs.get("batch_size") or self.batch_size),
+            batch_size=int(batch_size or self.batch_size),
             normalize=self.normalize,
             prompt_name=self._prompt_name(prompt_type),
         )
 
-    def similarity(self, embeddings1: Any, embeddings2: Any) -> Any:
+    def similarity(self, embeddings1: npt.ArrayLike, embeddings2: npt.ArrayLike) -> Tensor:
         """Cosine similarity matrix ``(n1, n2)`` (a torch tensor, as mteb expects)."""
         import torch
 
@@ -104,7 +116,7 @@ class MTEBEncoder:
         )
         return a @ b.T
 
-    def similarity_pairwise(self, embeddings1: Any, embeddings2: Any) -> Any:
+    def similarity_pairwise(self, embeddings1: npt.ArrayLike, embeddings2: npt.ArrayLike) -> Tensor:
         """Row-wise cosine similarity ``(n,)``."""
         import torch
 
@@ -113,7 +125,7 @@ class MTEBEncoder:
         return torch.nn.functional.cosine_similarity(a, b, dim=-1)
 
 
-def local_task(name: str, splits: Mapping[str, Dataset], *, label_names: list[str] | None = None) -> Any:
+def local_task(name: str, splits: Mapping[str, Dataset], *, label_names: list[str] | None = None) -> object:
     """The mteb task ``name`` with its data taken from ``splits`` (split name -> ``text, label`` Dataset).
 
     Only single-text tasks with a ``text`` input and a ``label`` column (classification, clustering) are filled
@@ -136,7 +148,7 @@ def local_task(name: str, splits: Mapping[str, Dataset], *, label_names: list[st
 
 
 def run_mteb(
-    model: Any, task: Any, *, batch_size: int = 32, name: str = "embforge/model"
+    model: Embedder, task: object, *, batch_size: int = 32, name: str = "embforge/model"
 ) -> dict[str, float]:
     """Evaluate ``model`` on one (already loaded) mteb task offline; returns the test split's scores (0-100)."""
     mteb = require("mteb")

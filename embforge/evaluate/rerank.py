@@ -7,13 +7,16 @@ e.g. WikiQA. Works for cross-encoders (their score) and bi-encoders (cosine). Me
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embforge.data.tables import Dataset
 from embforge.evaluate.pairs import score_pairs
 from embforge.evaluate.ranking import evaluate_run
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "map")
 
@@ -41,7 +44,7 @@ def group_candidates(
 
 
 def evaluate_rerank(
-    model: Any,
+    model: Embedder | PairScorer,
     data: Dataset,
     *,
     metrics: tuple[str, ...] = DEFAULT_METRICS,

@@ -17,10 +17,13 @@ The average is part of the trainer state (:func:`embforge.training.checkpoints.s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from embforge.training.config import TrainConfig
 
 
 def _weights(model: nn.Module) -> dict[str, Tensor]:
@@ -92,7 +95,7 @@ class WeightAverage:
             if k in self.average:
                 v.copy_(self.average[k].to(v.device, v.dtype))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What the final model is, for the log and the summary."""
         if self.soup_last:
             return {"kind": "soup", "steps": self.members(), "count": self.count}
@@ -106,7 +109,7 @@ class WeightAverage:
         self.average = {k: v.float().clone() for k, v in state["average"].items()}
 
 
-def weight_average(config: Any, total_steps: int) -> WeightAverage | None:
+def weight_average(config: TrainConfig, total_steps: int) -> WeightAverage | None:
     """The :class:`WeightAverage` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None``."""
     if config.ema_decay is None and not config.soup_last:
         return None
@@ -119,7 +122,7 @@ def weight_average(config: Any, total_steps: int) -> WeightAverage | None:
     )
 
 
-def check_averaging(config: Any) -> None:
+def check_averaging(config: TrainConfig) -> None:
     """Validate a config's ``ema_*`` / ``soup_*`` fields (one kind of average at a time)."""
     if config.ema_decay is not None and not 0.0 <= config.ema_decay < 1.0:
         raise ValueError(f"ema_decay must be in [0, 1), got {config.ema_decay}")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,9 @@ from embforge.parallel import (  # noqa: F401 (the process group, re-exported fo
     teardown,
     world_size,
 )
+
+if TYPE_CHECKING:
+    from embforge.protocols import TaskBatches
 
 
 # ------------------------------------------------------------------------------------------------ rank rows
@@ -110,13 +113,13 @@ class GatheredBatch:
     computes the task's loss over the whole batch. ``labels`` are the whole batch's.
     """
 
-    def __init__(self, task: Any, rows: Sequence[int], *, me: int, world: int) -> None:
+    def __init__(self, task: TaskBatches, rows: Sequence[int], *, me: int, world: int) -> None:
         self.task = task
         self.all_inputs = task.inputs(rows)
         self.spans = spans_for(len(self.all_inputs), world)
         self.start, self.end = self.spans[me]
 
-    def inputs(self, rows: Sequence[int]) -> Any:
+    def inputs(self, rows: Sequence[int]) -> Sequence[object]:
         if self.end == self.start:
             return self.all_inputs[:1]
         return self.all_inputs[self.start : self.end]
@@ -131,10 +134,10 @@ class GatheredBatch:
 class _Silenced:
     """A placeholder batch (a rank without rows): its loss counts zero, so DDP's all-reduce still meets it."""
 
-    def __init__(self, task: Any) -> None:
+    def __init__(self, task: TaskBatches) -> None:
         self.task = task
 
-    def inputs(self, rows: Sequence[int]) -> Any:
+    def inputs(self, rows: Sequence[int]) -> Sequence[object]:
         return self.task.inputs(rows)
 
     def labels(self, rows: Sequence[int]) -> Tensor | None:
@@ -158,7 +161,7 @@ class RankForward:
 
     def __call__(
         self,
-        ids: Any,
+        ids: Sequence[object],
         *,
         max_tokens: int | None,
         dropout_seed: int | None,
@@ -203,8 +206,8 @@ class DataParallel:
         return self.rank == 0
 
     def shard(
-        self, task: Any, rows: tuple[int, ...], *, sync: bool
-    ) -> tuple[RankForward, Any, tuple[int, ...]]:
+        self, task: TaskBatches, rows: tuple[int, ...], *, sync: bool
+    ) -> tuple[RankForward, Any, tuple[int, ...]]:  # the loop's prepared task, or this rank's view of it
         """``(net, task, rows)`` for this rank's part of a batch (``sync``: the accumulation's last micro-step)."""
         if self.gather:
             gathered = GatheredBatch(task, rows, me=self.rank, world=self.world)
@@ -214,7 +217,7 @@ class DataParallel:
         own = rank_rows(rows, rank=self.rank, world=self.world)
         local = own or rows[:1]
         self._weight = 1.0 if own else 0.0
-        view: Any = task if own else _Silenced(task)
+        view: TaskBatches = task if own else _Silenced(task)
         size = len(task.inputs(local))
         return RankForward(self, first=0, size=size, sync=sync), view, local
 

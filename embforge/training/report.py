@@ -21,7 +21,7 @@ import html
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def _shown(root: Path) -> str:
         return root.resolve().name
 
 
-def write_report(run_dir: str | os.PathLike, *, output: str | os.PathLike | None = None) -> dict[str, Any]:
+def write_report(run_dir: str | os.PathLike, *, output: str | os.PathLike | None = None) -> dict[str, object]:
     """Write the report of ``run_dir`` (default ``run_dir/report.html``) -> ``{"report", "charts", ...}``.
 
     Raises:
@@ -228,7 +228,7 @@ def line_chart(
     return _figure(title, svg, legend if len(series) > 1 else "")
 
 
-def bar_chart(title: str, bars: Sequence[tuple[float, float, Any]]) -> str:
+def bar_chart(title: str, bars: Sequence[tuple[float, float, object]]) -> str:
     """Bars of height ``value`` at ``x`` (``(x, value, tooltip extra)``), e.g. stall seconds per refresh step."""
     if not bars:
         return ""
@@ -270,12 +270,18 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return ticks
 
 
-def _scale(ticks: Sequence[float], start: float, end: float) -> Any:
+def _scale(ticks: Sequence[float], start: float, end: float) -> Callable[[float], float]:
     low, high = ticks[0], ticks[-1]
     return lambda v: start + (end - start) * (v - low) / ((high - low) or 1.0)
 
 
-def _axes(x_ticks: Sequence[float], y_ticks: Sequence[float], sx: Any, sy: Any, x_label: str) -> list[str]:
+def _axes(
+    x_ticks: Sequence[float],
+    y_ticks: Sequence[float],
+    sx: Callable[[float], float],
+    sy: Callable[[float], float],
+    x_label: str,
+) -> list[str]:
     svg = []
     for y in y_ticks:
         svg.append(
@@ -316,7 +322,7 @@ def _tick(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e9:
         return str(int(value))
     if isinstance(value, float):
@@ -329,11 +335,11 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
