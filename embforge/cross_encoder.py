@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from embforge.modeling.st_folder import (
 from embforge.modeling.tokenizing import Tokenized
 from embforge.progress import progress_bar, progress_enabled
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 # activation applied by predict() -> sentence-transformers' name for it
 _ACTIVATIONS = {
     "sigmoid": "torch.nn.modules.activation.Sigmoid",
@@ -46,6 +49,13 @@ _ACTIVATIONS = {
 }
 Pair = tuple[str, str]
 PairIds = tuple[list[int], list[int] | None]  # token ids, token type ids (None for models without them)
+
+
+class Ranked(TypedDict):
+    """One document of :meth:`CrossEncoder.rank`: its position in the input and its score."""
+
+    corpus_id: int
+    score: float
 
 
 class CrossEncoder(Tokenized, TransformerModule):
@@ -63,7 +73,12 @@ class CrossEncoder(Tokenized, TransformerModule):
     peft_slot = ("model", "SEQ_CLS")  # peft keeps the classification head fully trainable (modules_to_save)
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, max_seq_length: int = 512, activation: str | None = None
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_seq_length: int = 512,
+        activation: str | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -83,7 +98,7 @@ class CrossEncoder(Tokenized, TransformerModule):
 
     @property
     def num_labels(self) -> int:
-        return int(self.model.config.num_labels)
+        return int(self.backbone_config.num_labels or 1)
 
     # ------------------------------------------------------------------ tokenisation and forward
     def tokenize_ids(self, texts: Sequence[str], texts_b: Sequence[str] | None = None) -> list[PairIds]:
@@ -202,7 +217,7 @@ class CrossEncoder(Tokenized, TransformerModule):
             for a single pair).
         """
         single = isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], str)
-        batch: list[Any] = [pairs] if single else list(pairs)
+        batch: list[Any] = [pairs] if single else list(pairs)  # each checked to be a (text, text) pair below
         for i, pair in enumerate(batch):
             if len(pair) != 2 or not all(isinstance(t, str) for t in pair):
                 raise ValueError(f"pairs[{i}] must be a (text, text) tuple, got {pair!r}")
@@ -229,7 +244,7 @@ class CrossEncoder(Tokenized, TransformerModule):
 
     def rank(
         self, query: str, documents: Sequence[str], *, top_k: int | None = None, batch_size: int = 32
-    ) -> list[dict[str, Any]]:
+    ) -> list[Ranked]:
         """Documents sorted by score, best first: ``[{"corpus_id": i, "score": s}, ...]``."""
         if self.num_labels != 1:
             raise ValueError(f"rank() needs a one-label cross-encoder; this one has {self.num_labels} labels")
@@ -268,7 +283,7 @@ class CrossEncoder(Tokenized, TransformerModule):
             settings = read_st_settings(root)
             source = root / settings["transformer_path"]
             saved.setdefault("max_seq_length", settings.get("max_seq_length"))
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, int] = {}
         if num_labels is not None:
             kwargs["num_labels"] = num_labels
         elif not cross:
@@ -303,7 +318,7 @@ class CrossEncoder(Tokenized, TransformerModule):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write safetensors weights, tokenizer and sentence-transformers' cross-encoder config to ``path``."""
-        self.model.config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}
+        self.backbone_config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}
         root = save_backbone(self.model, path)  # with adapters: base weights + adapter/ (modeling/lora.py)
         self.tokenizer.model_max_length = (
             self.max_seq_length

@@ -43,6 +43,7 @@ from embforge.modeling.st_folder import (
 from embforge.onnx.runtime import OnnxEncoder
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
     from typing_extensions import Unpack
 
     from embforge.onnx.runtime import OnnxEncoder
@@ -77,8 +78,8 @@ class Encoder(BatchEncoding, TransformerModule):
 
     def __init__(
         self,
-        backbone: Any,
-        tokenizer: Any,
+        backbone: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         pooling: str = "mean",
         normalize: bool = False,
@@ -120,7 +121,7 @@ class Encoder(BatchEncoding, TransformerModule):
     @property
     def dim(self) -> int:
         return (
-            int(self.dense.out_features) if self.dense is not None else int(self.backbone.config.hidden_size)
+            int(self.dense.out_features) if self.dense is not None else int(self.backbone_config.hidden_size)
         )
 
     # ------------------------------------------------------------------ forward
@@ -318,7 +319,7 @@ class Encoder(BatchEncoding, TransformerModule):
         (root / POOLING_DIR).mkdir(exist_ok=True)
         write_json(
             root / POOLING_DIR / "config.json",
-            st_config_for_mode(self.pooling, self.backbone.config.hidden_size),
+            st_config_for_mode(self.pooling, self.backbone_config.hidden_size),
         )
         write_st_config(
             root,

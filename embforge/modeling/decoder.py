@@ -16,9 +16,12 @@ The padding-free training forward for these backbones is :mod:`embforge.modeling
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from torch import Tensor
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Hugging Face ``config.model_type`` values of decoder-only models whose base model takes ``position_ids``.
 DECODER_MODEL_TYPES = frozenset(
@@ -43,19 +46,19 @@ QWEN3_QUERY_PROMPT = "Instruct: {task}\nQuery:"
 DEFAULT_RETRIEVAL_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 
 
-def base_model(backbone: Any) -> Any:
+def base_model(backbone: nn.Module) -> nn.Module:
     """The Hugging Face model under a peft wrapper (LoRA layers stay injected in it), else ``backbone`` itself."""
     get_base = getattr(backbone, "get_base_model", None)
     return get_base() if callable(get_base) else backbone
 
 
-def is_decoder_backbone(backbone: Any) -> bool:
+def is_decoder_backbone(backbone: nn.Module) -> bool:
     """Whether ``backbone`` is a decoder-only (causal) model: Qwen2/Qwen3, Llama, Mistral, Gemma, Phi-3, ..."""
     config = getattr(base_model(backbone), "config", None)
     return config is not None and getattr(config, "model_type", None) in DECODER_MODEL_TYPES
 
 
-def eos_to_append(tokenizer: Any) -> int | None:
+def eos_to_append(tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The token id to append to every text, or ``None`` when the tokenizer already ends texts with one.
 
     A tokenizer whose post-processor appends a special token (recent Qwen3-Embedding tokenizers append
@@ -86,7 +89,7 @@ def padded_position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def backbone_hidden(backbone: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def backbone_hidden(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Last hidden states ``(batch, seq, hidden)`` of one padded batch.
 
     Decoders get positions counted over real tokens (:func:`padded_position_ids`): Hugging Face would otherwise

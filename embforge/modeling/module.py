@@ -4,22 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from embforge.modeling.padding import set_backbone_checkpointing
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 
 class TransformerModule(nn.Module):
     """Base of :class:`~embforge.encoder.Encoder` and :class:`~embforge.cross_encoder.CrossEncoder`: a module
     around one Hugging Face ``backbone``, on one device, whose layers may be recomputed in the backward pass."""
 
-    backbone: Any  # the Hugging Face model (``.config`` and its modules)
+    backbone: nn.Module  # the Hugging Face model (``.config`` and its modules)
     # where LoRA adapters go (embforge.modeling.lora): the attribute holding the HF model, and peft's task type
     peft_slot: tuple[str, str | None] = ("backbone", None)
     checkpointing: bool = False  # read by the padding-free forward: checkpoint each layer
+
+    @property
+    def backbone_config(self) -> PretrainedConfig:
+        """The Hugging Face config of the backbone (``hidden_size``, ``vocab_size``, ``model_type`` ...)."""
+        return cast("PretrainedConfig", self.backbone.config)
 
     @property
     def device(self) -> torch.device:

@@ -14,9 +14,12 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _ALIASES = {
@@ -164,12 +167,12 @@ def hf_quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def default_max_seq_length(tokenizer: Any) -> int:
+def default_max_seq_length(tokenizer: PreTrainedTokenizerBase) -> int:
     """The length a model folder without a saved one gets: its tokenizer's ``model_max_length``, at most 512."""
     return min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
 
 
-def load_backbone(folder: Path, **kwargs: object) -> tuple[nn.Module, object]:
+def load_backbone(folder: Path, **kwargs: object) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """Load an ``AutoModel`` (float32, eval mode off) and its fast tokenizer from a local folder."""
     from transformers import AutoModel, AutoTokenizer
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def read_st_config(root: Path) -> dict[str, Any]:
     return read_json(root / ST_CONFIG_FILE)
 
 
-def write_st_config(root: Path, config: dict[str, Any]) -> None:
+def write_st_config(root: Path, config: Mapping[str, object]) -> None:
     """``config_sentence_transformers.json``: ``config`` plus embforge's version stamp."""
     write_json(root / ST_CONFIG_FILE, {**config, "__version__": {"embforge": embforge_version()}})
 

@@ -4,13 +4,16 @@ pad id every model with a tokenizer has."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Tokenized:
     """Mixin of every model with a ``tokenizer`` attribute (bi-encoders and cross-encoders): its pad id."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
 
     @property
     def pad_token_id(self) -> int:
@@ -26,7 +29,7 @@ class PromptTokenizing(Tokenized):
     at the end of every text (within ``max_seq_length``) for last-token pooling; ``None`` appends nothing.
     """
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     max_seq_length: int
     prompts: dict[str, str]
     default_prompt_name: str | None

@@ -116,7 +116,7 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
     @property
     def dim(self) -> int:
         """The vocabulary size (the length of every vector)."""
-        return int(self.backbone.config.vocab_size)
+        return int(self.backbone_config.vocab_size)
 
     @property
     def inference_free(self) -> bool:
