@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
 # Hugging Face ``config.model_type`` values of decoder-only models whose base model takes ``position_ids``.
 DECODER_MODEL_TYPES = frozenset(
