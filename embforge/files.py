@@ -73,7 +73,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def atomic_dir(final: str | os.PathLike, write: Callable[[Path], Any]) -> None:
+def atomic_dir(final: str | os.PathLike, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp_dir)`` and move the finished folder to ``final`` so readers never see a half-written one.
 
     An existing ``final`` is swapped out only after the new folder is complete (and ``fsync``-ed).
@@ -117,18 +117,18 @@ def fsync_dir(folder: Path) -> None:
         os.close(handle)
 
 
-def _jsonl_line(record: Any, *, allow_nan: bool) -> str:
+def _jsonl_line(record: object, *, allow_nan: bool) -> str:
     return json.dumps(record, ensure_ascii=False, allow_nan=allow_nan) + "\n"
 
 
-def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> Path:
+def write_jsonl(path: str | os.PathLike, records: Iterable[object]) -> Path:
     """Write one JSON value per line (UTF-8, non-ASCII kept), atomically. NaN/infinity are refused."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, "".join(_jsonl_line(r, allow_nan=False) for r in records))
 
 
-def append_jsonl(path: str | os.PathLike, record: Any) -> None:
+def append_jsonl(path: str | os.PathLike, record: object) -> None:
     """Append one record as a line (a log such as ``metrics.jsonl``); the line is written with one call.
 
     A NaN metric is written as ``NaN`` (which Python's ``json`` and :func:`read_jsonl` read back) rather than
@@ -162,8 +162,8 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             yield number, text
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    record: dict[str, Any] = {}
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    record: dict[str, object] = {}
     for key, value in pairs:
         if key in record:
             raise _DuplicateKey(key)

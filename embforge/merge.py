@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +263,7 @@ class Merger:
         self.model.load_state_dict(merged)
         return self.model
 
-    def save(self, path: str | os.PathLike, *, recipe: dict[str, Any] | None = None) -> Path:
+    def save(self, path: str | os.PathLike, *, recipe: Mapping[str, object] | None = None) -> Path:
         """Save the current merge; carried-over sentence-transformers settings and the recipe go in its config."""
         out = Path(path)
         self.model.save(out)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import atexit
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 def launched() -> bool:
@@ -101,10 +103,10 @@ def spans_for(n: int, world: int) -> list[tuple[int, int]]:
     return spans
 
 
-def all_gather_objects(value: Any) -> list[Any]:
+def all_gather_objects(value: T) -> list[T]:
     """Every rank's ``value`` (picklable), in rank order."""
     if world_size() == 1:
         return [value]
-    values: list[Any] = [None] * world_size()
+    values: list[T | None] = [None] * world_size()
     dist.all_gather_object(values, value)
-    return values
+    return cast("list[T]", values)  # every slot filled by all_gather_object

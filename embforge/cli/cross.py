@@ -6,9 +6,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from embforge.cli.common import add_amp_arg, add_batch_size_arg, add_data_args, add_eval_kind
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -46,7 +50,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     two_stage.set_defaults(func=run_two_stage)
 
 
-def load_any_model(path: str) -> Any:
+def load_any_model(path: str) -> Embedder | PairScorer:
     """A :class:`CrossEncoder` for a cross-encoder folder, else the kind the folder declares (an
     :class:`Encoder`, a static or sparse model ...; :func:`embforge.kinds.load_any`)."""
     from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
@@ -55,7 +59,7 @@ def load_any_model(path: str) -> Any:
     return CrossEncoder.load(path) if is_cross_encoder_folder(path) else load_any(path)
 
 
-def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
+def run_eval_pairs(args: argparse.Namespace) -> Mapping[str, object]:
     """pair classification: accuracy (threshold from --dev), F1, AP, ROC-AUC (0-100)
 
     Pair classification of a bi- or cross-encoder on sentence1, sentence2, label (0/1) rows.
@@ -70,7 +74,7 @@ def run_eval_pairs(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_pairs(load_any_model(args.model), data, dev=dev, batch_size=args.batch_size)
 
 
-def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
+def run_eval_rerank(args: argparse.Namespace) -> Mapping[str, object]:
     """MRR@10, NDCG@10, MAP (0-100) over each query's candidates
 
     Rank each query's candidates (rows sentence1=query, sentence2=candidate, label=grade).
@@ -84,7 +88,7 @@ def run_eval_rerank(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def run_two_stage(args: argparse.Namespace) -> dict[str, Any]:
+def run_two_stage(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.cross_encoder import CrossEncoder
     from embforge.data.tables import read_table
     from embforge.encoder import Encoder

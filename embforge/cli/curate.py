@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from embforge.cli.common import add_batch_size_arg, config_from_args
 
@@ -58,7 +58,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_curate)
 
 
-def run_curate(args: argparse.Namespace) -> dict[str, Any]:
+def run_curate(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.curate import CurateConfig, curate, write_rows
     from embforge.data.tables import read_table
 

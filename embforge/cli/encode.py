@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from embforge.cli.common import add_batch_size_arg, add_model_arg
 
@@ -44,7 +44,7 @@ def read_texts(path: str, columns: str | None) -> list[str]:
     return data.columns["text"]
 
 
-def run_encode(args: argparse.Namespace) -> dict[str, Any] | None:
+def run_encode(args: argparse.Namespace) -> Mapping[str, object] | None:
     import numpy as np
 
     from embforge.kinds import ModelKind, folder_kind, load_any

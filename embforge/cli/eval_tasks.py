@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from embforge.cli.common import add_batch_size_arg, add_data_args, add_eval_kind, add_model_arg, int_list
+
+if TYPE_CHECKING:
+    from embforge.data.tables import Dataset
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -45,7 +49,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 def _load(
     path: str, columns: str | None, *, header: bool | None = None, label_names: list[str] | None = None
-) -> Any:
+) -> Dataset:
     from embforge.data.tables import read_table
 
     return read_table(path, columns=columns, header=header, label_names=label_names)
@@ -64,7 +68,7 @@ def _shared_label_names(*paths: str, columns: str | None, header: bool | None = 
     return sorted(names)
 
 
-def run_classification(args: argparse.Namespace) -> dict[str, Any]:
+def run_classification(args: argparse.Namespace) -> Mapping[str, object]:
     """logistic regression on frozen embeddings: accuracy and macro-F1 (0-100)
 
     Fit logistic regression on the embeddings of --train (text,label), score it on --test.
@@ -78,7 +82,7 @@ def run_classification(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_classification(Encoder.load(args.model), train, test, batch_size=args.batch_size)
 
 
-def run_clustering(args: argparse.Namespace) -> dict[str, Any]:
+def run_clustering(args: argparse.Namespace) -> Mapping[str, object]:
     """k-means on embeddings (k = number of labels): V-measure (0-100)
 
     Cluster the embeddings of --data (text,label) with k-means and report V-measure.
@@ -90,7 +94,7 @@ def run_clustering(args: argparse.Namespace) -> dict[str, Any]:
     return evaluate_clustering(Encoder.load(args.model), data, batch_size=args.batch_size, seeds=args.seeds)
 
 
-def run_matryoshka(args: argparse.Namespace) -> dict[str, Any]:
+def run_matryoshka(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.encoder import Encoder
     from embforge.evaluate.matryoshka import evaluate_matryoshka, format_table, plot_matryoshka
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from embforge.cli.common import add_eval_kind
 
@@ -12,7 +12,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     add_eval_kind(evals, "sts", run_sts)
 
 
-def run_sts(args: argparse.Namespace) -> dict[str, Any]:
+def run_sts(args: argparse.Namespace) -> Mapping[str, object]:
     """Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity
 
     Spearman/Pearson of a bi-encoder (or a cross-encoder's score) on scored pairs.

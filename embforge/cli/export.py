@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from embforge.cli.common import add_actions, add_model_arg
 
@@ -31,7 +31,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     onnx.set_defaults(func=run_export)
 
 
-def run_export(args: argparse.Namespace) -> dict[str, Any]:
+def run_export(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.onnx.export import export_onnx
     from embforge.quantization import read_texts as read_calibration
 

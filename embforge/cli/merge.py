@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Mapping
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -47,7 +47,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_merge)
 
 
-def run_merge(args: argparse.Namespace) -> dict[str, Any]:
+def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.merge import Merger, sweep_weights
 
     merger = Merger(
@@ -57,12 +57,12 @@ def run_merge(args: argparse.Namespace) -> dict[str, Any]:
         density=args.density,
         layer_scaling=args.layer_scaling,
     )
-    recipe: dict[str, Any] = {"method": args.method, "models": args.models, "base": args.base}
+    recipe: dict[str, object] = {"method": args.method, "models": args.models, "base": args.base}
     if args.method == "ties":
         recipe["density"] = args.density
     if args.layer_scaling is not None:
         recipe["layer_scaling"] = args.layer_scaling
-    result: dict[str, Any] = {"output": args.output}
+    result: dict[str, object] = {"output": args.output}
     weights: list[float] | None
     if args.choose_on:
         from embforge.evaluate.mix import evaluate_mix, parse_mix

@@ -4,7 +4,7 @@ weights, refresh stalls) from its metrics.jsonl and refresh.jsonl."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_report)
 
 
-def run_report(args: argparse.Namespace) -> dict[str, Any]:
+def run_report(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.training.report import write_report
 
     return write_report(args.run_dir, output=args.output)

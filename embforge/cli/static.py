@@ -7,7 +7,7 @@ The folder loads in embforge (``--model-type static`` trains it further), model2
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_distill_static)
 
 
-def run_distill_static(args: argparse.Namespace) -> dict[str, Any]:
+def run_distill_static(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.static.distill import distill_static
     from embforge.static.model import StaticEncoder
 

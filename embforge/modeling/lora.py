@@ -30,16 +30,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from embforge._optional import require
+from embforge.modeling.module import TransformerModule
 from embforge.modeling.resolve import hf_quiet
 
 ADAPTER_DIR = "adapter"
 ALL_LINEAR = "all-linear"
+M = TypeVar("M", bound=nn.Module)  # an Encoder or a CrossEncoder (a TransformerModule: it declares peft_slot)
 
 
 @dataclass
@@ -74,7 +76,7 @@ class LoraConfig:
         return self.r > 0
 
     @classmethod
-    def from_fields(cls, config: Any) -> LoraConfig:
+    def from_fields(cls, config: object) -> LoraConfig:
         """Read ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` and ``merge_lora`` off a
         ``TrainConfig`` (or any object); missing fields keep their defaults."""
         return cls(
@@ -86,7 +88,7 @@ class LoraConfig:
         )
 
 
-def uses_adapters(module: Any) -> bool:
+def uses_adapters(module: object) -> bool:
     """Whether ``module`` holds peft adapter layers (LoRA ...), wrapped by ``get_peft_model`` or injected in place.
 
     peft is only imported when something already imported it: no adapters can exist otherwise.
@@ -98,11 +100,10 @@ def uses_adapters(module: Any) -> bool:
     return any(isinstance(m, BaseTunerLayer) for m in module.modules())
 
 
-def _slot(model: Any) -> tuple[str, str | None]:
-    """``(attribute holding the HF module, peft task type)``: the model's ``peft_slot``."""
-    slot = getattr(model, "peft_slot", None)
-    if slot is not None:
-        return slot
+def _slot(model: nn.Module) -> tuple[str, str | None]:
+    """``(attribute holding the HF module, peft task type)``: the model's declared ``peft_slot``."""
+    if isinstance(model, TransformerModule):
+        return model.peft_slot
     raise TypeError(f"apply_lora needs an Encoder or a CrossEncoder, got {type(model).__name__}")
 
 
@@ -119,14 +120,14 @@ def _targets(targets: str | Sequence[str] | None) -> str | list[str]:
 
 
 def apply_lora(
-    model: Any,
+    model: M,
     *,
     r: int,
     alpha: float | None = None,
     dropout: float = 0.0,
     targets: str | Sequence[str] | None = ALL_LINEAR,
     seed: int | None = None,
-) -> Any:
+) -> M:
     """Wrap ``model``'s Hugging Face module with LoRA adapters (in place) and return ``model``.
 
     Args:
@@ -233,7 +234,7 @@ def _save_pretrained(module: Any, root: Path) -> None:
     module.save_pretrained(root / ADAPTER_DIR)
 
 
-def adapter_note(module: Any) -> dict[str, Any]:
+def adapter_note(module: Any) -> dict[str, object]:
     """What ``config_sentence_transformers.json`` records about an adapted module's adapter under ``"lora"``
     (for people; loaders look for ``adapter/``); ``{}`` without adapters."""
     if not uses_adapters(module):
@@ -261,7 +262,7 @@ def load_adapter(module: nn.Module, folder: str | Path, *, trainable: bool = Tru
     return peft.PeftModel.from_pretrained(module, str(Path(folder) / ADAPTER_DIR), is_trainable=trainable)
 
 
-def merge_lora(model: Any) -> Any:
+def merge_lora(model: M) -> M:
     """Fold ``model``'s adapters into its weights (in place) and drop them; returns ``model``.
 
     Afterwards ``save`` writes a plain sentence-transformers (or cross-encoder) folder that any library loads.

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embforge.data.tables import Dataset
 from embforge.retrieval.index.exact import topk_inner_product
 
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
+
 METRICS = ("mrr@10", "ndcg@10", "map@100")
 
 
 def retrieve_and_rerank(
-    bi_encoder: Any,
-    cross_encoder: Any,
+    bi_encoder: Embedder,
+    cross_encoder: PairScorer,
     queries: Sequence[str],
     corpus: Sequence[str],
     *,
@@ -101,8 +104,8 @@ def as_run(qids: Sequence[str], ranking: list[list[tuple[int, float]]]) -> dict[
 
 
 def evaluate_two_stage(
-    bi_encoder: Any,
-    cross_encoder: Any,
+    bi_encoder: Embedder,
+    cross_encoder: PairScorer,
     data: Dataset,
     *,
     top_k: int = 20,
