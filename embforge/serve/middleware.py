@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from embforge.serve.config import ServeConfig
@@ -24,6 +24,7 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = ("/health",)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 log = logging.getLogger("embforge.serve")
@@ -40,12 +41,14 @@ class ApiError(Exception):
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict[str, Any]:
+def error_body(
+    message: str, param: str | None = None, kind: str = "invalid_request_error"
+) -> dict[str, dict[str, str | None]]:
     """The OpenAI-style error object."""
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
-def invalid_value(value: Any, path: str) -> tuple[str, str] | None:
+def invalid_value(value: object, path: str) -> tuple[str, str] | None:
     """``(field, problem)`` of the first value in a parsed JSON body that cannot be served: a string with a lone
     surrogate (``"\\ud800"`` is valid JSON but not Unicode text; tokenizers and UTF-8 reject it) or a NaN/infinite
     number (Python's JSON parser accepts ``NaN``); ``None`` when all is well. ``path`` names ``value``."""
@@ -102,7 +105,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
 
 
 async def _send_json(
-    send: Send, status: int, body: dict[str, Any], headers: Sequence[tuple[bytes, bytes]] = ()
+    send: Send, status: int, body: Mapping[str, object], headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     payload = json.dumps(body).encode()
     await send(
@@ -122,7 +125,7 @@ async def _send_json(
 class Gatekeeper:
     """ASGI middleware: bearer auth, body-size limit, request metrics."""
 
-    def __init__(self, app: Any, *, config: ServeConfig, metrics: Metrics, known_paths: set[str]) -> None:
+    def __init__(self, app: ASGIApp, *, config: ServeConfig, metrics: Metrics, known_paths: set[str]) -> None:
         self.app = app
         self.config = config
         self.metrics = metrics

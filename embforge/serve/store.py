@@ -26,7 +26,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from embforge.serve.database import (
 )
 from embforge.serve.vectors import StoreIndex, load_vectors, save_index
 
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
+
 __all__ = ["DocumentStore", "DuplicateIdError", "ModelMismatchError", "model_identity"]
 
 log = logging.getLogger("embforge.store")
@@ -57,11 +60,32 @@ class DuplicateIdError(ValueError):
         self.key = key
 
 
-def model_identity(model: Any, name: str) -> dict[str, Any]:
+class StoredDocument(TypedDict):
+    """A stored document as it is read back: its text and its JSON fields."""
+
+    text: str
+    fields: dict[str, object]
+
+
+class _Hit(TypedDict):
+    id: str
+    score: float
+    fields: dict[str, object]
+
+
+class Hit(_Hit, total=False):
+    """One search result: the document's id, score and fields (and its text when asked for)."""
+
+    text: str
+
+
+def model_identity(model: Embedder, name: str) -> dict[str, object]:
     """``{"name", "fingerprint"}`` of an encoder: a hash of its weights (:func:`model_fingerprint`), or for an ONNX
     export the fingerprint of the model it was exported from (recorded by ``embforge export onnx``)."""
+    from torch import nn
+
     fingerprint = None
-    if hasattr(model, "state_dict"):
+    if isinstance(model, nn.Module):  # a PyTorch model: its own weights
         from embforge.retrieval.corpus_cache import model_fingerprint
 
         fingerprint = model_fingerprint(model)
@@ -79,7 +103,7 @@ def _unit(x: np.ndarray, dim: int, n: int) -> np.ndarray:
     return array / np.maximum(np.linalg.norm(array, axis=-1, keepdims=True), 1e-12)
 
 
-def _row(position: int, doc: Mapping[str, Any]) -> tuple[str, str, str]:
+def _row(position: int, doc: Mapping[str, object]) -> tuple[str, str, str]:
     """``(id, text, fields JSON)`` of one added document, or a ``ValueError`` saying why it cannot be stored."""
     key, text, fields = doc.get("id"), doc.get("text"), doc.get("fields") or {}
     if not isinstance(key, str) or not key:
@@ -101,13 +125,13 @@ def _row(position: int, doc: Mapping[str, Any]) -> tuple[str, str, str]:
         raise ValueError(f"document {position}: a field cannot be stored: {err}") from err
 
 
-class Documents(Mapping[str, dict[str, Any]]):
+class Documents(Mapping[str, StoredDocument]):
     """The stored documents, read-only: ``id -> {"text", "fields"}``, iterated in the order they were added."""
 
     def __init__(self, store: DocumentStore) -> None:
         self._store = store
 
-    def __getitem__(self, key: str) -> dict[str, Any]:
+    def __getitem__(self, key: str) -> StoredDocument:
         found = self._store.fetch([key])
         if key not in found:
             raise KeyError(key)
@@ -301,9 +325,9 @@ class DocumentStore:
         """Positions of ids that are already stored or repeated within ``ids``."""
         return self._present(ids, self._read)
 
-    def fetch(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def fetch(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
         """``{id: {"text", "fields"}}`` of the stored ones among ``ids``."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, StoredDocument] = {}
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), 500):
             part = unique[start : start + 500]
@@ -311,7 +335,7 @@ class DocumentStore:
             out.update({k: {"text": t, "fields": json.loads(f)} for k, t, f in self._read(sql, part)})
         return out
 
-    def add(self, documents: Sequence[dict[str, Any]], vectors: np.ndarray) -> None:
+    def add(self, documents: Sequence[Mapping[str, object]], vectors: np.ndarray) -> None:
         """Add documents (``id``, ``text``, optional ``fields``) with their vectors; durable when it returns.
 
         Raises:
@@ -355,7 +379,7 @@ class DocumentStore:
             self._writer.execute("ROLLBACK")
             raise
 
-    def search(self, queries: np.ndarray, k: int, *, with_text: bool = True) -> list[list[dict[str, Any]]]:
+    def search(self, queries: np.ndarray, k: int, *, with_text: bool = True) -> list[list[Hit]]:
         """Top-``k`` documents per query vector: ``[{"id", "score", "text", "fields"}, ...]`` best first."""
         queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
         unit = queries / np.maximum(np.linalg.norm(queries, axis=-1, keepdims=True), 1e-12)
@@ -371,10 +395,11 @@ class DocumentStore:
                 doc = docs.get(key)
                 if doc is None:  # a point a remote index holds without a row here
                     continue
-                hit: dict[str, Any] = {"id": key, "score": float(score)}
-                if with_text:
-                    hit["text"] = doc["text"]
-                hit["fields"] = doc["fields"]
+                hit: Hit = (  # keys in the order the API documents
+                    {"id": key, "score": float(score), "text": doc["text"], "fields": doc["fields"]}
+                    if with_text
+                    else {"id": key, "score": float(score), "fields": doc["fields"]}
+                )
                 hits.append(hit)
             results.append(hits)
         return results
