@@ -71,8 +71,9 @@ def model_class(kind: str | ModelKind) -> Any:
 
 
 def kind_of(model: object) -> ModelKind:
-    """The kind a model instance declares (``type(model).kind``); dense for classes that predate kinds."""
-    declared = getattr(type(model), "kind", None)
+    """The kind a model declares (its ``kind``: a class attribute, or a property of a wrapper such as a Matryoshka
+    view); dense for an object that declares none (the pipeline check's size-only stand-in)."""
+    declared = getattr(model, "kind", None)
     return parse_kind(declared) if declared is not None else ModelKind.DENSE
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -34,6 +34,11 @@ from embforge.modeling.st_folder import (
     write_json,
     write_st_config,
 )
+
+if TYPE_CHECKING:
+    from embforge.sparse.model import SparseEncoder
+
+S = TypeVar("S", bound="SparseEncoder")
 
 ST_MLM = "sentence_transformers.sparse_encoder.models.MLMTransformer"
 ST_SPLADE_POOLING = "sentence_transformers.sparse_encoder.models.SpladePooling"
@@ -81,8 +86,8 @@ def _layout(root: Path) -> dict[str, Any]:
 
 
 def read_sparse_folder(
-    cls: Any, path: str | os.PathLike, *, max_seq_length: int | None, inference_free: bool | None
-) -> Any:
+    cls: type[S], path: str | os.PathLike, *, max_seq_length: int | None, inference_free: bool | None
+) -> S:
     """Build ``cls`` (a :class:`~embforge.sparse.model.SparseEncoder`) from a folder (see the module doc)."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -115,7 +120,7 @@ def read_sparse_folder(
     )
 
 
-def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
+def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
     """Write ``model`` as a sentence-transformers ``SparseEncoder`` folder (a ``Router`` when inference-free)."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
@@ -131,14 +136,12 @@ def write_sparse_folder(model: Any, path: str | os.PathLike) -> None:
         document / "sentence_bert_config.json",
         {"max_seq_length": model.max_seq_length, "do_lower_case": False},
     )
-    if model.inference_free:
+    weights = model.query_weights  # inference-free: the query table
+    if weights is not None:
         query = root / QUERY_DIR
         query.mkdir(exist_ok=True)
-        save_file(
-            {"weight": model.query_weights.detach().float().cpu().contiguous()},
-            str(query / "model.safetensors"),
-        )
-        write_json(query / "config.json", {"frozen": not model.query_weights.requires_grad})
+        save_file({"weight": weights.detach().float().cpu().contiguous()}, str(query / "model.safetensors"))
+        write_json(query / "config.json", {"frozen": not weights.requires_grad})
         model.tokenizer.save_pretrained(query)
         write_json(root / POOLING_DIR / "config.json", pooling)
         write_json(

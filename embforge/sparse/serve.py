@@ -10,7 +10,7 @@ of an inference-free model come from its query table); ``/search`` ranks by dot 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import scipy.sparse as sp
 
@@ -19,7 +19,15 @@ from embforge.sparse.index import SparseIndex
 from embforge.sparse.model import SparseEncoder
 
 
-def sparse_items(vectors: sp.csr_matrix) -> list[dict[str, Any]]:
+class SparseItem(TypedDict):
+    """One sparse vector of a response: its active dimensions (ascending), their weights, the vocabulary size."""
+
+    indices: list[int]
+    values: list[float]
+    dim: int
+
+
+def sparse_items(vectors: sp.csr_matrix) -> list[SparseItem]:
     """One ``{"indices", "values", "dim"}`` per row, indices ascending."""
     vectors = sp.csr_matrix(vectors)
     vectors.sort_indices()
