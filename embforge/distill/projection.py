@@ -8,22 +8,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from embforge.modeling.dense import Dense
 
+if TYPE_CHECKING:
+    from embforge.encoder import Encoder
 
-def add_projection(model: Any, out_features: int, *, seed: int = 0) -> Dense:
+
+def add_projection(model: Encoder, out_features: int, *, seed: int = 0) -> Dense:
     """Give ``model`` (an :class:`~embforge.encoder.Encoder`) a linear projection to ``out_features`` dimensions.
 
     The projection is the encoder's ``dense`` module: trained with the model, saved as ``2_Dense/``
     (sentence-transformers' ``Dense``, identity activation), loaded by both libraries. A model that already
     projects is an error (a second projection would stack on the first).
     """
-    if getattr(model, "dense", None) is not None:
+    if model.dense is not None:
         raise ValueError(
             f"the model already has a {model.dim}-d Dense projection; load its base model instead"
         )
@@ -36,7 +39,7 @@ def add_projection(model: Any, out_features: int, *, seed: int = 0) -> Dense:
 
 
 def fit_projection(
-    model: Any, texts: Sequence[str], targets: np.ndarray, *, max_texts: int = 4096, seed: int = 0
+    model: Encoder, texts: Sequence[str], targets: np.ndarray, *, max_texts: int = 4096, seed: int = 0
 ) -> float:
     """Set ``model``'s projection to the least-squares map from its pooled embeddings of ``texts`` to ``targets``.
 
@@ -46,7 +49,7 @@ def fit_projection(
     at most ``max_texts`` texts (a seeded sample), ridge-regularised (1e-3 of the mean eigenvalue) so that
     fewer texts than dimensions still give a unique map. Returns the fitted map's mean squared error.
     """
-    dense = getattr(model, "dense", None)
+    dense = model.dense
     if dense is None:
         raise ValueError("the model has no projection to fit: add one with add_projection first")
     targets = np.asarray(targets)

@@ -29,21 +29,25 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from embforge.cross_encoder import CrossEncoder
 from embforge.data.tables import Dataset
 from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
 
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
-def teacher_tag(teacher: Any) -> str:
+
+def teacher_tag(teacher: Embedder) -> str:
     """What identifies a teacher's outputs: its class, a hash of its weights, pooling and normalisation."""
     return f"{type(teacher).__name__}:{model_fingerprint(teacher)}"
 
 
 def teacher_embeddings(
-    teacher: Any,
+    teacher: Embedder,
     texts: Sequence[str],
     *,
     cache_dir: str | os.PathLike | None = None,
@@ -84,7 +88,7 @@ def _cache_key(tag: str, texts: Sequence[str]) -> str:
 
 def with_teacher_embeddings(
     data: Dataset,
-    teacher: Any,
+    teacher: Embedder,
     *,
     cache_dir: str | os.PathLike | None = None,
     batch_size: int = 32,
@@ -113,7 +117,7 @@ def with_teacher_embeddings(
 
 
 def score_rows(
-    teacher: Any, data: Dataset, *, batch_size: int = 32, show_progress: bool = True
+    teacher: Embedder | CrossEncoder, data: Dataset, *, batch_size: int = 32, show_progress: bool = True
 ) -> list[float] | list[list[float]]:
     """Teacher scores: ``T(a, b)`` per pair row, ``[T(q, c) for c in candidates]`` per row of 3+ text columns.
 
@@ -125,7 +129,7 @@ def score_rows(
         raise ValueError(f"{data.path}: scoring needs two or more text columns, found {columns}")
     first = data.columns[columns[0]]
     others = [data.columns[c] for c in columns[1:]]
-    if hasattr(teacher, "predict"):
+    if isinstance(teacher, CrossEncoder):  # pair scores (a declared class, not a guess from its methods)
         pairs = [(q, c) for col in others for q, c in zip(first, col)]
         flat = np.asarray(
             teacher.predict(pairs, batch_size=batch_size, activation=False, show_progress=show_progress),
@@ -180,7 +184,7 @@ def write_scored(
         return out
     with out.open("w", encoding="utf-8") as handle:
         for r, score in enumerate(scores):
-            row: dict[str, Any] = {c: data.columns[c][r] for c in columns}
+            row: dict[str, object] = {c: data.columns[c][r] for c in columns}
             row["score"] = score
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     return out

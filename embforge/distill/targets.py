@@ -11,7 +11,7 @@ texts to the teacher's (:func:`embforge.distill.projection.fit_projection`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from embforge.data.tables import Dataset
 from embforge.distill.projection import add_projection, fit_projection
 from embforge.distill.signals import with_teacher_embeddings
 from embforge.encoder import Encoder
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 TEACHER_LOSSES = ("mse_distill", "similarity_distill")
 PROJECTED_LOSSES = ("mse_distill",)  # compare embeddings coordinate by coordinate: the dimensions must agree
@@ -58,13 +61,13 @@ def resolve_teacher(name: str, base_dir: Path) -> str:
 
 def teacher_targets(
     data: Dataset,
-    teacher: Any,
+    teacher: str | Path | Embedder,
     *,
-    model: Any,
+    model: Encoder,
     cache_dir: str | Path,
     seed: int = 42,
     show_progress: bool = True,
-    loaded: dict[str, Any] | None = None,
+    loaded: dict[str, Embedder] | None = None,
     project: bool = True,
 ) -> Dataset:
     """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed
@@ -84,7 +87,7 @@ def teacher_targets(
         teacher = loaded[str(teacher)]
     projected = project and int(model.dim) != int(teacher.dim)
     if projected:
-        if getattr(model, "dense", None) is not None:
+        if model.dense is not None:
             raise ValueError(
                 f"the model already projects to {model.dim} dimensions but the teacher has {teacher.dim}"
             )
