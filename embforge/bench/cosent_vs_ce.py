@@ -26,7 +26,25 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
+    from embforge.data.tables import Dataset
+    from embforge.encoder import Encoder
+    from embforge.losses.base import BaseLoss
+
+
+class Splits(TypedDict):
+    """One data set's splits as the benchmark uses them (subsampled), their full sizes, and whether the labels
+    are graded scores (STS) rather than 0/1 classes."""
+
+    graded: bool
+    full: dict[str, int]
+    train: Dataset
+    dev: Dataset
+    test: Dataset
+
 
 ENGLISH = ("stsb", "mrpc", "wikiqa", "snli")
 CHINESE = ("ATEC", "BQ", "LCQMC", "PAWSX")
@@ -72,7 +90,12 @@ class BenchConfig:
 # Budgets measured for all-MiniLM-L6-v2 on 2 CPU cores (both models train at ~45-60 pairs/s there): the default
 # sizes keep 4 data sets x 4 systems x 3 seeds well within an hour (see benchmarks/README.md for the measured
 # time); --quick checks the whole pipeline on two data sets in minutes (its numbers are noise: 64 training pairs).
-QUICK: dict[str, Any] = {"train_size": 64, "dev_size": 64, "test_size": 128, "datasets": ["stsb", "mrpc"]}
+QUICK: dict[str, int | list[str]] = {
+    "train_size": 64,
+    "dev_size": 64,
+    "test_size": 128,
+    "datasets": ["stsb", "mrpc"],
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
-def load_splits(name: str, config: BenchConfig) -> dict[str, Any]:
+def load_splits(name: str, config: BenchConfig) -> Splits:
     """``{"train", "dev", "test"}`` datasets (subsampled as configured) and whether the labels are graded."""
     import numpy as np
 
@@ -139,18 +162,23 @@ def load_splits(name: str, config: BenchConfig) -> dict[str, Any]:
         loader = {"stsb": load_stsb, "mrpc": load_mrpc, "wikiqa": load_wikiqa, "snli": load_snli}[name]
         splits = {s: loader(s) for s in ("train", "dev", "test")}
     sizes = {"train": config.train_size, "dev": config.dev_size, "test": config.test_size}
-    out: dict[str, Any] = {"graded": splits["test"].label_column == "score", "full": {}}
+    used: dict[str, Dataset] = {}
     for split, data in splits.items():
-        out["full"][split] = len(data)
         limit = sizes[split]
         if limit is not None and len(data) > limit:
             rows = np.sort(np.random.default_rng(1234).permutation(len(data))[:limit])
             data = data.subset(rows.tolist())
-        out[split] = data
-    return out
+        used[split] = data
+    return {
+        "graded": splits["test"].label_column == "score",
+        "full": {split: len(data) for split, data in splits.items()},
+        "train": used["train"],
+        "dev": used["dev"],
+        "test": used["test"],
+    }
 
 
-def _as_classes(data: Any) -> Any:
+def _as_classes(data: Dataset) -> Dataset:
     """STS-style data with integer ``label`` = rounded score (Sentence-BERT's softmax needs classes)."""
     from embforge.data.tables import Dataset
 
@@ -159,9 +187,7 @@ def _as_classes(data: Any) -> Any:
     return Dataset(data.path, columns, data.lines, None)
 
 
-def run_one(
-    system: str, splits: dict[str, Any], seed: int, config: BenchConfig, workdir: Path
-) -> dict[str, Any]:
+def run_one(system: str, splits: Splits, seed: int, config: BenchConfig, workdir: Path) -> dict[str, float]:
     """Train one system with one seed and evaluate it on the test split."""
     import numpy as np
     import torch
@@ -179,8 +205,10 @@ def run_one(
         from embforge.cross_encoder import CrossEncoder
         from embforge.losses.cross import get_cross_loss
 
-        model: Any = CrossEncoder.load(config.model, num_labels=1, max_seq_length=config.max_seq_length)
-        loss: Any = (
+        model: Encoder | CrossEncoder = CrossEncoder.load(
+            config.model, num_labels=1, max_seq_length=config.max_seq_length
+        )
+        loss: BaseLoss = (
             get_cross_loss("bce", label_max=5.0 if graded else None)
             if system == "cross-ce"
             else get_cross_loss("cosent", scale=1.0)
@@ -214,14 +242,16 @@ def run_one(
     shutil.rmtree(out, ignore_errors=True)
     test = splits["test"]
     scores = score_pairs(model, test)
-    gold = test.labels()
-    result: dict[str, Any] = {
+    gold, dev_gold = test.labels(), splits["dev"].labels()
+    if gold is None or dev_gold is None:
+        raise ValueError(f"{test.path}: the benchmark needs a 'score' or 'label' column in every split")
+    result: dict[str, float] = {
         "spearman": correlations(scores, gold)["spearman"],
         "train_seconds": train_seconds,
         "train_pairs_per_second": summary["pairs_per_second"],
     }
     if not graded:
-        threshold, _ = best_threshold(score_pairs(model, splits["dev"]), splits["dev"].labels(), source="dev")
+        threshold, _ = best_threshold(score_pairs(model, splits["dev"]), dev_gold, source="dev")
         result["accuracy"] = 100 * float(np.mean((scores >= threshold) == gold))
     return result
 
@@ -269,7 +299,7 @@ def format_tables(runs: list[dict[str, Any]], config: BenchConfig) -> str:
     return "\n".join(lines)
 
 
-def run_benchmark(config: BenchConfig, *, echo: bool = True) -> dict[str, Any]:
+def run_benchmark(config: BenchConfig, *, echo: bool = True) -> dict[str, object]:
     """Run every (data set, system, seed); print progress and the tables; return the tables and raw runs."""
     import sys
 
