@@ -92,7 +92,13 @@ class BatchEmbedder(Embedder, Protocol):
     def inference(self) -> AbstractContextManager[object]: ...
 
 
-class TrainableModel(Kinded, Protocol):
+class HasWeights(Protocol):
+    """A PyTorch model's weights by name (what fingerprints of cached embeddings hash)."""
+
+    def state_dict(self) -> Mapping[str, Tensor]: ...
+
+
+class TrainableModel(Kinded, HasWeights, Protocol):
     """What the trainer, checkpoints and weight averaging need of any model kind: a PyTorch module that saves
     itself as a folder."""
 
@@ -100,9 +106,9 @@ class TrainableModel(Kinded, Protocol):
 
     def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
 
-    def state_dict(self) -> dict[str, Tensor]: ...
-
     def train(self, mode: bool = True) -> object: ...
+
+    def eval(self) -> object: ...
 
     @property
     def training(self) -> bool: ...

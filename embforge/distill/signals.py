@@ -38,16 +38,16 @@ from embforge.data.tables import Dataset
 from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
 
 if TYPE_CHECKING:
-    from embforge.protocols import Embedder
+    from embforge.encoder import Encoder
 
 
-def teacher_tag(teacher: Embedder) -> str:
+def teacher_tag(teacher: Encoder) -> str:
     """What identifies a teacher's outputs: its class, a hash of its weights, pooling and normalisation."""
     return f"{type(teacher).__name__}:{model_fingerprint(teacher)}"
 
 
 def teacher_embeddings(
-    teacher: Embedder,
+    teacher: Encoder,
     texts: Sequence[str],
     *,
     cache_dir: str | os.PathLike | None = None,
@@ -88,7 +88,7 @@ def _cache_key(tag: str, texts: Sequence[str]) -> str:
 
 def with_teacher_embeddings(
     data: Dataset,
-    teacher: Embedder,
+    teacher: Encoder,
     *,
     cache_dir: str | os.PathLike | None = None,
     batch_size: int = 32,
@@ -117,7 +117,7 @@ def with_teacher_embeddings(
 
 
 def score_rows(
-    teacher: Embedder | CrossEncoder, data: Dataset, *, batch_size: int = 32, show_progress: bool = True
+    teacher: Encoder | CrossEncoder, data: Dataset, *, batch_size: int = 32, show_progress: bool = True
 ) -> list[float] | list[list[float]]:
     """Teacher scores: ``T(a, b)`` per pair row, ``[T(q, c) for c in candidates]`` per row of 3+ text columns.
 

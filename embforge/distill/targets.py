@@ -11,7 +11,6 @@ texts to the teacher's (:func:`embforge.distill.projection.fit_projection`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,9 +18,6 @@ from embforge.data.tables import Dataset
 from embforge.distill.projection import add_projection, fit_projection
 from embforge.distill.signals import with_teacher_embeddings
 from embforge.encoder import Encoder
-
-if TYPE_CHECKING:
-    from embforge.protocols import Embedder
 
 TEACHER_LOSSES = ("mse_distill", "similarity_distill")
 PROJECTED_LOSSES = ("mse_distill",)  # compare embeddings coordinate by coordinate: the dimensions must agree
@@ -61,13 +57,13 @@ def resolve_teacher(name: str, base_dir: Path) -> str:
 
 def teacher_targets(
     data: Dataset,
-    teacher: str | Path | Embedder,
+    teacher: str | Path | Encoder,
     *,
     model: Encoder,
     cache_dir: str | Path,
     seed: int = 42,
     show_progress: bool = True,
-    loaded: dict[str, Embedder] | None = None,
+    loaded: dict[str, Encoder] | None = None,
     project: bool = True,
 ) -> Dataset:
     """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed

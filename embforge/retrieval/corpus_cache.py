@@ -21,7 +21,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,10 @@ from embforge.modeling.precision import autocast_tag
 from embforge.progress import progress_bar, progress_enabled
 from embforge.retrieval.index.base import read_ids, write_ids
 from embforge.retrieval.sharded import broadcast_from_main, is_main, is_sharded, share_rows, unwrapped
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, HasWeights, TrainableEmbedder
+    from embforge.retrieval.sharded import ShardedEncoder
 
 EMBEDDINGS = "embeddings.npy"
 PROGRESS = "progress.json"
@@ -46,7 +50,7 @@ def fingerprint(ids: Sequence[str], texts: Sequence[str], model_tag: str, dim: i
     return digest.hexdigest()
 
 
-def model_fingerprint(model: Any) -> str:
+def model_fingerprint(model: HasWeights | ShardedEncoder) -> str:
     """A short hash of a model's weights (all parameters, sampled), so cached embeddings follow the weights."""
     model = unwrapped(model)  # a sharded model (retrieval/sharded.py) is its model
     digest = hashlib.sha256(type(model).__name__.encode())
@@ -60,7 +64,7 @@ def model_fingerprint(model: Any) -> str:
 
 
 def encode_corpus(
-    model: Any,
+    model: Embedder,
     texts: Sequence[str],
     ids: Sequence[str],
     out_dir: str | os.PathLike,
@@ -105,7 +109,7 @@ def encode_corpus(
     resumed = sorted(done or ())
     emb_path = out / EMBEDDINGS
     if not writer:  # the other ranks keep the vectors in memory
-        matrix: Any = np.empty((len(texts), dim), dtype=np.float32)
+        matrix: Any = np.empty((len(texts), dim), dtype=np.float32)  # or a memmap (flushed) below
         done = set(resumed)
     elif done is None:
         done = set()
@@ -185,7 +189,7 @@ def _save_progress(out: Path, tag: str, block_size: int, blocks: int, done: set[
 
 
 def encode_texts(
-    model: Any, texts: Sequence[str], *, batch_size: int = 32, max_tokens: int | None = None
+    model: TrainableEmbedder, texts: Sequence[str], *, batch_size: int = 32, max_tokens: int | None = None
 ) -> np.ndarray:
     """``model.encode`` with fixed batches, or — with ``max_tokens`` — length-sorted chunks of at most that many
     padded tokens (faster on CPUs, where short texts then run in bigger batches and long ones in smaller)."""
@@ -201,6 +205,6 @@ def encode_texts(
     with torch.inference_mode():
         out = model.embed_ids(ids, max_tokens=max_tokens).float().cpu().numpy()
     model.train(was_training)
-    if getattr(model, "normalize", False):
+    if model.normalize:
         out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out

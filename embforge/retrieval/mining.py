@@ -37,7 +37,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from embforge.data.tables import Dataset
 
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
+    from embforge.protocols import TrainableEmbedder
 
 METHODS = ("dense", "bm25", "hybrid")
 
@@ -112,7 +113,7 @@ def mine_positions(
     corpus: list[str],
     config: MiningConfig,
     *,
-    model: Any = None,
+    model: TrainableEmbedder | None = None,
     query_emb: np.ndarray | None = None,
     doc_emb: np.ndarray | None = None,
     rescorer: CrossEncoder | None = None,
@@ -269,7 +270,7 @@ def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: 
 
 
 def _cached_corpus(
-    model: Any, docs: list[str], ids: list[str], config: MiningConfig, folder: str | os.PathLike
+    model: TrainableEmbedder, docs: list[str], ids: list[str], config: MiningConfig, folder: str | os.PathLike
 ) -> np.ndarray:
     """Unit-length corpus embeddings from (or written to) ``folder``; fingerprinted by weights and texts."""
     from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
@@ -280,7 +281,7 @@ def _cached_corpus(
 
 
 def mine(
-    model: Any,
+    model: TrainableEmbedder | None,
     data: RetrievalData | Dataset,
     config: MiningConfig,
     *,
@@ -332,6 +333,8 @@ def mine(
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
     if corpus_cache is not None and doc_emb is None and config.method != "bm25":
+        if model is None:
+            raise ValueError(f"mining with method={config.method!r} and a corpus cache needs a model")
         ids = data.doc_ids if isinstance(data, RetrievalData) else [str(i) for i in range(len(docs))]
         doc_emb = _cached_corpus(model, docs, ids, config, corpus_cache)
     mined = mine_positions(

@@ -3,7 +3,7 @@ cross-encoder rescoring of the candidates."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,11 +13,13 @@ from embforge.retrieval.index.registry import create_index
 
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
+    from embforge.protocols import TrainableEmbedder
+    from embforge.retrieval.mining import MiningConfig
 
 RRF_K = 60
 
 
-def embed(model: Any, texts: list[str], config: Any) -> np.ndarray:
+def embed(model: TrainableEmbedder, texts: list[str], config: MiningConfig) -> np.ndarray:
     """L2-normalised embeddings (so inner product is cosine), batched as ``config`` says."""
     from embforge.retrieval.corpus_cache import encode_texts
 

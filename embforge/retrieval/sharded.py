@@ -18,7 +18,7 @@ Callers that write outputs (the CLI verbs) write them on rank 0 (:func:`embforge
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import numpy as np
 
@@ -31,6 +31,12 @@ from embforge.parallel import (
     world_size,
 )
 
+if TYPE_CHECKING:
+    from embforge.protocols import BatchEmbedder
+
+T = TypeVar("T")
+E = TypeVar("E", bound="BatchEmbedder | None")
+
 
 class ShardedEncoder:
     """An encoder whose :meth:`encode` is split across the process group's ranks (see the module docstring).
@@ -38,11 +44,11 @@ class ShardedEncoder:
     Everything else (``dim``, ``tokenize_ids``, ``state_dict``, ...) is the wrapped model's.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: BatchEmbedder) -> None:
         self.wrapped = model
         self.shards = world_size()
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # a proxy: any attribute of the wrapped model, whatever its type
         return getattr(self.wrapped, name)
 
     def encode(self, texts: str | Sequence[str], *, batch_size: int = 32, **options: Any) -> np.ndarray:
@@ -74,7 +80,7 @@ class ShardedEncoder:
         return out
 
 
-def sharded(model: Any) -> Any:
+def sharded(model: E) -> E | ShardedEncoder:
     """``model`` wrapped in a :class:`ShardedEncoder` when this process runs under torchrun with more than one
     process (joining the process group), else ``model`` itself."""
     if model is None or isinstance(model, ShardedEncoder) or init_from_env() == 1:
@@ -82,23 +88,31 @@ def sharded(model: Any) -> Any:
     return ShardedEncoder(model)
 
 
-def unwrapped(model: Any) -> Any:
+@overload
+def unwrapped(model: ShardedEncoder) -> BatchEmbedder: ...
+
+
+@overload
+def unwrapped(model: T) -> T: ...
+
+
+def unwrapped(model: object) -> object:
     """The model inside a :class:`ShardedEncoder` (fingerprints and saved identities are the model's)."""
     return model.wrapped if isinstance(model, ShardedEncoder) else model
 
 
-def is_sharded(model: Any) -> bool:
+def is_sharded(model: object) -> bool:
     return isinstance(model, ShardedEncoder) and model.shards > 1
 
 
-def broadcast_from_main(value: Any, model: Any) -> Any:
+def broadcast_from_main(value: T, model: object) -> T:
     """Rank 0's ``value`` on every rank when ``model`` is sharded (else ``value``)."""
     if not is_sharded(model):
         return value
-    return all_gather_objects(value if is_main() else None)[0]
+    return cast("T", all_gather_objects(value if is_main() else None)[0])  # rank 0 sent a T
 
 
-def share_rows(matrix: np.ndarray, rows: np.ndarray, model: Any) -> None:
+def share_rows(matrix: np.ndarray, rows: np.ndarray, model: object) -> None:
     """Copy rank 0's ``matrix[rows]`` into the other ranks' ``matrix`` (a sharded corpus encoding that resumed
     from blocks only rank 0 holds)."""
     vectors = broadcast_from_main(np.asarray(matrix[rows]) if is_main() else None, model)
