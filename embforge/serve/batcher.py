@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+Rows = np.ndarray | tuple[np.ndarray, ...]  # what a batched function returns: one array, or several, by row
+
 
 class QueueFull(Exception):
     """The batcher's queue holds ``max_queue`` items; the request was not queued."""
@@ -47,10 +49,10 @@ class QueueFull(Exception):
 class _Job:
     """One request: its items, where their rows go, and the future its caller awaits."""
 
-    items: list[Any]
+    items: list[object]
     future: asyncio.Future = field(repr=False)
     left: int = 0
-    result: Any = None  # filled row by row (an array, or a tuple of arrays)
+    result: Rows | None = None  # filled row by row
 
 
 @dataclass(order=True)
@@ -250,14 +252,14 @@ def _timed(fn: Callable[[list[Any]], Any], items: list[Any]) -> tuple[Any, float
     return result, time.perf_counter() - start
 
 
-def _check_rows(result: Any, n: int) -> None:
+def _check_rows(result: object, n: int) -> None:
     parts = result if isinstance(result, tuple) else (result,)
     for part in parts:
         if not isinstance(part, np.ndarray) or len(part) != n:
             raise TypeError(f"the batched function must return arrays of {n} rows, got {type(part).__name__}")
 
 
-def _deliver(batch: list[_Entry], result: Any) -> None:
+def _deliver(batch: list[_Entry], result: Rows) -> None:
     """Copy each item's row into its request's result; answer the requests whose last item this was."""
     by_job: dict[int, tuple[_Job, list[int], list[int]]] = {}
     for pos, entry in enumerate(batch):
@@ -275,15 +277,14 @@ def _deliver(batch: list[_Entry], result: Any) -> None:
             job.future.set_result(job.result)
 
 
-def _allocate(result: Any, n: int) -> Any:
+def _allocate(result: Rows, n: int) -> Rows:
     if isinstance(result, tuple):
-        return tuple(_allocate(part, n) for part in result)
+        return tuple(np.empty((n, *part.shape[1:]), dtype=part.dtype) for part in result)
     return np.empty((n, *result.shape[1:]), dtype=result.dtype)
 
 
-def _put(target: Any, result: Any, where: list[int], rows: list[int]) -> None:
-    if isinstance(target, tuple):
-        for t, r in zip(target, result):
-            _put(t, r, where, rows)
-        return
-    target[where] = result[rows]
+def _put(target: Rows, result: Rows, where: list[int], rows: list[int]) -> None:
+    targets = target if isinstance(target, tuple) else (target,)
+    results = result if isinstance(result, tuple) else (result,)
+    for t, r in zip(targets, results):
+        t[where] = r[rows]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,16 +21,19 @@ from embforge.serve.batcher import MicroBatcher
 from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError
 
+if TYPE_CHECKING:
+    from embforge.protocols import PairScorer
+
 EMBEDDING = "embedding"
 RERANK = "rerank"
 
 
-def backend_name(model: Any) -> str:
+def backend_name(model: object) -> str:
     """``torch``, ``onnx`` or ``openvino``: the runtime a loaded model runs on."""
     return str(getattr(model, "backend", None) or ("torch" if _is_torch(model) else "onnx"))
 
 
-def _is_torch(model: Any) -> bool:
+def _is_torch(model: object) -> bool:
     import torch
 
     return isinstance(model, torch.nn.Module)
@@ -51,7 +54,7 @@ def embed_fn(model: Any, max_tokens: int) -> Callable[[list[list[int]]], np.ndar
     return run
 
 
-def score_fn(model: Any) -> Callable[[list[tuple[str, str]]], np.ndarray]:
+def score_fn(model: PairScorer) -> Callable[[list[tuple[str, str]]], np.ndarray]:
     """``pairs -> scores`` of a cross-encoder (PyTorch or ONNX), one batch per call."""
     return lambda pairs: np.asarray(model.predict(pairs, batch_size=len(pairs)), dtype=np.float32)
 
@@ -71,9 +74,9 @@ class ServedModel:
     def dim(self) -> int | None:
         return int(self.model.dim) if self.kind == EMBEDDING else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The ``/v1/models`` entry."""
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "id": self.name,
             "object": "model",
             "owned_by": "embforge",
@@ -159,7 +162,7 @@ class ModelSet:
             )
         return _pick(self.rerankers, name, "rerank")
 
-    def listing(self) -> dict[str, Any]:
+    def listing(self) -> dict[str, object]:
         return {"object": "list", "data": [served.describe() for served in self.all()]}
 
 
@@ -179,7 +182,7 @@ def _pick(models: dict[str, ServedModel], name: str | None, kind: str) -> Served
     return models[name]
 
 
-def _saved_ranges(model: Any) -> np.ndarray | None:
+def _saved_ranges(model: object) -> np.ndarray | None:
     """Calibration ranges saved beside the model (``embforge_quantization.json`` in its folder), if any."""
     from embforge.quantization import read_ranges
 
