@@ -19,7 +19,10 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from embforge.kinds import ModelKind
 
 log = logging.getLogger("embforge.backends")
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
@@ -135,7 +138,7 @@ def load_embedder(
     return OpenVinoEncoder.load(ir, threads=threads, streams=streams)
 
 
-def _other_kind(model: str | os.PathLike) -> Any:
+def _other_kind(model: str | os.PathLike) -> ModelKind | None:
     """The declared kind of a model folder when it is not a dense bi-encoder, else ``None``."""
     from embforge.kinds import ModelKind, folder_kind
 

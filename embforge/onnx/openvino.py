@@ -27,13 +27,17 @@ import os
 import queue
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.modeling.encoding import BatchEncoding
 from embforge.onnx.runtime import OnnxCrossEncoder, load_tokenizer, pad_batch, read_export_meta
+
+if TYPE_CHECKING:
+    from openvino import CompiledModel, InferRequest
+    from transformers import PreTrainedTokenizerBase
 
 INT8_IR = "openvino_int8.xml"
 # OpenVINO's CPU plugin prepares kernels per input shape: a shape it has not seen costs ~2.7x a seen one (MiniLM
@@ -42,13 +46,15 @@ INT8_IR = "openvino_int8.xml"
 WIDTH_STEP = 16
 
 
-def compile_graph(graph: Path, *, threads: int | None = None, streams: int = 1, f32: bool = False) -> Any:
+def compile_graph(
+    graph: Path, *, threads: int | None = None, streams: int = 1, f32: bool = False
+) -> CompiledModel:
     """An OpenVINO CPU compiled model of an ONNX graph or IR: latency mode (one stream, all threads) for
     ``streams=1``, else throughput mode with ``streams`` streams (``0``: as many as OpenVINO finds best here).
     ``f32`` keeps floating-point maths in fp32 where the CPU plugin would run bf16 (CPUs with AVX512-BF16/AMX)."""
     ov = require("openvino")
     core = ov.Core()
-    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+    config: dict[str, str | int] = {"PERFORMANCE_HINT": "LATENCY"}
     if streams != 1:
         config = {"PERFORMANCE_HINT": "THROUGHPUT"}
         if streams > 1:
@@ -64,10 +70,10 @@ class InferPool:
     """The infer requests of a compiled model, one per stream: :meth:`infer` borrows one, so up to
     ``parallel_batches`` calls (from different threads) run at once."""
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: CompiledModel) -> None:
         self.compiled = compiled
         self.parallel_batches = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[InferRequest] = queue.SimpleQueue()
         for _ in range(self.parallel_batches):
             self._requests.put(compiled.create_infer_request())
         self.inputs = {port.get_any_name() for port in compiled.inputs}
@@ -114,7 +120,14 @@ class OpenVinoEncoder(BatchEncoding):
 
     backend = "openvino"
 
-    def __init__(self, compiled: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:
+    def __init__(
+        self,
+        compiled: CompiledModel,
+        tokenizer: PreTrainedTokenizerBase,
+        meta: dict[str, Any],
+        *,
+        graph: Path,
+    ) -> None:
         self.pool = InferPool(compiled)
         self.parallel_batches = self.pool.parallel_batches
         self.tokenizer = tokenizer
@@ -157,7 +170,9 @@ class OpenVinoCrossEncoder(OnnxCrossEncoder):
 
     backend = "openvino"
 
-    def __init__(self, compiled: Any, tokenizer: Any, meta: dict[str, Any]) -> None:
+    def __init__(
+        self, compiled: CompiledModel, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any]
+    ) -> None:
         self.pool = InferPool(compiled)
         self.parallel_batches = self.pool.parallel_batches
         self.tokenizer = tokenizer

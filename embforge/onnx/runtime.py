@@ -17,13 +17,17 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.kinds import ModelKind
 from embforge.modeling.encoding import BatchEncoding
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+    from transformers import PreTrainedTokenizerBase
 
 META_FILE = "embforge_onnx.json"
 
@@ -47,7 +51,7 @@ def read_export_meta(path: str | os.PathLike) -> tuple[Path, Path, dict[str, Any
     return folder, graph, meta
 
 
-def make_session(graph: Path, *, threads: int | None = None) -> Any:
+def make_session(graph: Path, *, threads: int | None = None) -> InferenceSession:
     """An onnxruntime CPU session with full graph optimisation."""
     ort = require("onnxruntime")
     options = ort.SessionOptions()
@@ -57,7 +61,7 @@ def make_session(graph: Path, *, threads: int | None = None) -> Any:
     return ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def load_tokenizer(folder: Path) -> Any:
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved in an export folder."""
     from transformers import AutoTokenizer
 
@@ -78,7 +82,14 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np
 class OnnxEncoder(BatchEncoding):
     """A bi-encoder running an exported graph: texts -> vectors, same ``encode()`` as :class:`Encoder`."""
 
-    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any], *, graph: Path) -> None:
+    def __init__(
+        self,
+        session: InferenceSession,
+        tokenizer: PreTrainedTokenizerBase,
+        meta: dict[str, Any],
+        *,
+        graph: Path,
+    ) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.meta = meta
@@ -141,7 +152,9 @@ class OnnxCrossEncoder:
 
     kind: ClassVar[ModelKind] = ModelKind.CROSS
 
-    def __init__(self, session: Any, tokenizer: Any, meta: dict[str, Any]) -> None:
+    def __init__(
+        self, session: InferenceSession, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any]
+    ) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.meta = meta
