@@ -28,16 +28,20 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from embforge._optional import require
 from embforge.data.columns import LABEL_NAMES, column_rank, is_text_column, standard_mapping
 from embforge.data.delimited import delimited_rows, header_names
 from embforge.data.tables import Dataset, check_value, json_target, read_table
 from embforge.files import DataError, read_lines
+
+if TYPE_CHECKING:
+    import datasets
 
 MODES = ("memory", "mmap", "stream")
 DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet")
@@ -147,7 +151,7 @@ def file_rows(
     header: bool | None,
     max_bad_rows: int,
     stamps: list[tuple[int, int]],
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, object]]:
     """Checked rows of ``files`` (``numbers``: each file's index, kept in the rows' ``_file`` column).
 
     A ``datasets`` generator: its arguments (``stamps``: each file's size and modification time) make the
@@ -221,7 +225,7 @@ def _parquet_rows(path: Path, mapping: dict[str, str]) -> Iterator[tuple[int, di
 
 def hub_rows(
     name: str, split: str, columns: str | dict[str, str] | None, max_bad_rows: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, object]]:
     """Checked rows of a Hugging Face data set (a Hub id, or a folder ``load_dataset`` reads), streamed.
 
     The Hub cache and ``HF_DATASETS_OFFLINE=1`` apply; the "line" of a row is its 1-based number in the split.
@@ -248,7 +252,7 @@ def hub_rows(
 class ArrowSource(_Columns):
     """Rows of a memory-mapped ``datasets.Dataset`` (random access without reading the rest)."""
 
-    def __init__(self, table: Any, *, path: str) -> None:
+    def __init__(self, table: datasets.Dataset, *, path: str) -> None:
         self.table = table
         self.path = path
         self.columns = [c for c in table.column_names if not c.startswith("_")]
@@ -272,7 +276,7 @@ class StreamSource(_Columns):
     """
 
     def __init__(
-        self, stream: Iterable[dict[str, Any]], *, path: str, window: int, num_rows: int | None = None
+        self, stream: Iterable[Mapping[str, object]], *, path: str, window: int, num_rows: int | None = None
     ):
         self.stream, self.path, self.window = stream, path, window
         self._num_rows = num_rows
@@ -280,7 +284,7 @@ class StreamSource(_Columns):
         if first is None:
             raise DataError(f"{path}:1: the data has no rows")
         self.columns = [c for c in first if not c.startswith("_")]
-        self._iter: Iterator[dict[str, Any]] | None = None
+        self._iter: Iterator[Mapping[str, object]] | None = None
         self._read = 0  # rows taken from self._iter
         self._start = -1  # first position of the buffered window
         self._buffer: dict[str, list] = {}
@@ -365,7 +369,7 @@ def open_source(name: str | os.PathLike, options: SourceOptions) -> Dataset | Ro
 
 def _generator(
     name: str, options: SourceOptions, *, local: bool
-) -> tuple[Callable[..., Iterator[dict[str, Any]]], dict[str, Any], str]:
+) -> tuple[Callable[..., Iterator[dict[str, object]]], dict[str, object], str]:
     if not local:
         return hub_rows, {"name": name, "split": options.split, "columns": options.columns,
                           "max_bad_rows": options.max_bad_rows}, name  # fmt: skip
@@ -381,7 +385,7 @@ def _generator(
     return file_rows, kwargs, str(name)
 
 
-def _datasets() -> Any:
+def _datasets() -> ModuleType:
     datasets = require("datasets")
     datasets.disable_progress_bars() if not sys.stderr.isatty() else None
     return datasets

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.decoder import base_model
@@ -36,7 +36,7 @@ from embforge.modeling.packing import PackedBatch, flash_varlen, from_blocks, gr
 _PACKABLE = frozenset({"Qwen2Model", "Qwen3Model", "LlamaModel", "MistralModel"})
 
 
-def supports_decoder_packing(backbone: Any) -> bool:
+def supports_decoder_packing(backbone: nn.Module) -> bool:
     """Whether :func:`packed_decoder_hidden` can drive ``backbone`` (a Qwen2/Qwen3/Llama/Mistral base model,
     possibly wrapped by peft)."""
     model = base_model(backbone)
@@ -46,7 +46,7 @@ def supports_decoder_packing(backbone: Any) -> bool:
 
 
 def packed_decoder_hidden(
-    backbone: Any,
+    backbone: nn.Module,
     batch: PackedBatch,
     *,
     last_tokens_only: bool = False,

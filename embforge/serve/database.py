@@ -35,7 +35,7 @@ class ModelMismatchError(ValueError):
     """The store was built by another model than the one opening it."""
 
 
-def to_json(obj: Any) -> str:
+def to_json(obj: object) -> str:
     """JSON that reads back to the same value: ASCII only (any string survives), no NaN/Infinity."""
     return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 
@@ -65,7 +65,7 @@ def read_meta(conn: sqlite3.Connection, where: Path | str = "the database") -> d
     return {key: json.loads(value) for key, value in conn.execute("SELECT key, value FROM meta")}
 
 
-def write_meta(conn: sqlite3.Connection, meta: Mapping[str, Any], rows: Sequence[tuple] = ()) -> None:
+def write_meta(conn: sqlite3.Connection, meta: Mapping[str, object], rows: Sequence[tuple] = ()) -> None:
     """Create the tables (if missing) and record ``meta`` (and ``rows``: a converted store's), in one transaction."""
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -135,7 +135,7 @@ def _check(root: Path, meta: Mapping[str, Any], *, dim: int, kind: str | None) -
         )
 
 
-def check_model(root: Path, stored: dict | None, given: dict | None, allow: bool) -> None:
+def check_model(root: Path, stored: Mapping | None, given: Mapping | None, allow: bool) -> None:
     """Refuse (or with ``allow``, warn about) a store built by another model than ``given``."""
     if (
         not stored
@@ -159,8 +159,8 @@ def open_folder(
     *,
     dim: int,
     kind: str | None,
-    options: dict[str, Any] | None,
-    model: dict[str, Any] | None,
+    options: Mapping[str, object] | None,
+    model: Mapping[str, object] | None,
     allow_model_mismatch: bool,
     read_only: bool,
     durable: bool,

@@ -174,8 +174,8 @@ class DocumentStore:
         dim: int,
         *,
         kind: str = "exact",
-        options: dict[str, Any] | None = None,
-        model: dict[str, Any] | None = None,
+        options: Mapping[str, object] | None = None,
+        model: Mapping[str, object] | None = None,
     ) -> None:
         conn = connect(":memory:")
         write_meta(conn, {"dim": int(dim), "kind": kind, "options": dict(options or {}), "model": model})
@@ -219,8 +219,8 @@ class DocumentStore:
         *,
         dim: int,
         kind: str | None = None,
-        options: dict[str, Any] | None = None,
-        model: dict[str, Any] | None = None,
+        options: Mapping[str, object] | None = None,
+        model: Mapping[str, object] | None = None,
         allow_model_mismatch: bool = False,
         read_only: bool = False,
         durable: bool = True,
@@ -265,8 +265,8 @@ class DocumentStore:
         vectors: np.ndarray,
         *,
         kind: str = "exact",
-        options: dict[str, Any] | None = None,
-        model: dict[str, Any] | None = None,
+        options: Mapping[str, object] | None = None,
+        model: Mapping[str, object] | None = None,
     ) -> DocumentStore:
         """Write a new store of these documents to ``folder`` (replacing a store or index there), staged beside it
         and swapped in when complete (:func:`~embforge.files.atomic_dir`); what ``embforge index build`` does. Returns the store, open in ``folder``."""
