@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from embforge.serve.models import ModelSet, ServedModel, pair_costs
 from embforge.serve.prometheus import Metrics
 from embforge.serve.store import DocumentStore, DuplicateIdError
 from embforge.sparse.serve import create_sparse_app
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, PairScorer
 
 require("fastapi")
 orjson = require("orjson")
@@ -87,7 +90,7 @@ class AddDocumentsRequest(BaseModel):
     documents: list[Document]
 
 
-def _json(payload: dict[str, Any]) -> Response:
+def _json(payload: Mapping[str, object]) -> Response:
     """A JSON response written by orjson, which serialises numpy vectors directly (float32, shortest form that
     reads back to the same float32) instead of FastAPI's encoder walking hundreds of Python floats per vector."""
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
@@ -105,7 +108,7 @@ def _conflict(position: int, key: str) -> ApiError:
     return ApiError(409, f"'{field}' {key!r} is already in the index", field)
 
 
-def _check_body(body: BaseModel, **parts: Any) -> None:
+def _check_body(body: BaseModel, **parts: object) -> None:
     """422 for the first string or number of the request that cannot be served (see :func:`invalid_value`);
     ``parts`` replace fields by the form they are served in (a single ``input`` string as a list)."""
     found = invalid_value({**body.model_dump(), **parts}, "")
@@ -117,11 +120,11 @@ def _l2(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def _encoded(vectors: np.ndarray, encoding_format: str, ranges: np.ndarray | None) -> list[dict[str, Any]]:
+def _encoded(vectors: np.ndarray, encoding_format: str, ranges: np.ndarray | None) -> list[dict[str, object]]:
     """The ``data`` items of an embeddings response: float vectors, base64 of little-endian float32, or quantised
     codes (integer lists, sentence-transformers' ``quantize_embeddings`` semantics)."""
     if encoding_format == "base64":
-        rows: Any = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+        rows: Sequence[object] = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
     elif encoding_format == "float":
         rows = list(vectors)
     else:
@@ -411,13 +414,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(
-    model: Any | Mapping[str, Any],
+    model: Embedder | Mapping[str, Embedder],
     *,
-    reranker: Any | Mapping[str, Any] | None = None,
+    reranker: PairScorer | Mapping[str, PairScorer] | None = None,
     store: DocumentStore | None = None,
     config: ServeConfig | None = None,
     ranges: Mapping[str, np.ndarray | None] | None = None,
-) -> Any:
+) -> FastAPI:
     """Build the server app.
 
     Args:
@@ -440,7 +443,7 @@ def create_app(
         return other
     metrics = Metrics()
     embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
-    rerankers: dict[str, Any] = {}
+    rerankers: dict[str, PairScorer] = {}
     if isinstance(reranker, Mapping):
         rerankers = dict(reranker)
     elif reranker is not None:
