@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict, overload
+from typing import TYPE_CHECKING, ClassVar, Literal, TypedDict, overload
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
 from embforge.modeling.decoder import backbone_hidden, eos_to_append, is_decoder_backbone

@@ -61,7 +61,7 @@ def add_corpus_cache_arg(parser: argparse.ArgumentParser, *, default: str = "in 
 def add_eval_kind(
     evals: argparse._SubParsersAction,
     name: str,
-    func: Callable[[argparse.Namespace], Any],
+    func: Callable[[argparse.Namespace], object],
     *,
     data_flag: str = "--data",
 ) -> argparse.ArgumentParser:
@@ -154,7 +154,7 @@ class DeprecatedFlag(argparse.Action):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: Any,
+        values: str | Sequence[object] | None,
         option_string: str | None = None,
     ) -> None:
         print(
