@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from embforge.bench.cosent_vs_ce import add_arguments, config_from_args, run_benchmark
 from embforge.cli.common import add_actions
@@ -26,5 +26,5 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     cosent.set_defaults(func=run_bench_cosent)
 
 
-def run_bench_cosent(args: argparse.Namespace) -> dict[str, Any]:
+def run_bench_cosent(args: argparse.Namespace) -> Mapping[str, object]:
     return run_benchmark(config_from_args(args))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -32,6 +32,9 @@ from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, s
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
 from embforge.sparse.folder import read_sparse_folder, write_sparse_folder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -77,8 +80,8 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
 
     def __init__(
         self,
-        backbone: Any,
-        tokenizer: Any,
+        backbone: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         pooling: str = "max",
         activation: str = "relu",
@@ -243,15 +246,48 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
     def _encode_documents(self, ids: Sequence[Sequence[int]]) -> Tensor:
         return self._document_padded(*pad_ids(ids, self.pad_token_id, device=self.device))
 
-    def encode_query(self, texts: str | Sequence[str], **options: Any) -> sp.csr_matrix:
+    def encode_query(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> sp.csr_matrix:
         """:meth:`encode` with ``query=True``."""
-        return self.encode(texts, query=True, **options)
+        return self.encode(
+            texts,
+            query=True,
+            batch_size=batch_size,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            show_progress=show_progress,
+            on_batch=on_batch,
+        )
 
-    def encode_document(self, texts: str | Sequence[str], **options: Any) -> sp.csr_matrix:
+    def encode_document(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 32,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        show_progress: bool | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> sp.csr_matrix:
         """:meth:`encode` of documents (the ``"document"`` prompt when the model has one)."""
-        if "prompt" not in options and "prompt_name" not in options and "document" in self.prompts:
-            options["prompt_name"] = "document"
-        return self.encode(texts, **options)
+        if prompt is None and prompt_name is None and "document" in self.prompts:
+            prompt_name = "document"
+        return self.encode(
+            texts,
+            batch_size=batch_size,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            show_progress=show_progress,
+            on_batch=on_batch,
+        )
 
     def decode(
         self, vector: sp.csr_matrix | sp.csr_array, *, top_k: int | None = None
