@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from embforge.cli.common import (
     DeprecatedFlag,
@@ -25,6 +26,10 @@ from embforge.cli.common import (
     config_from_args,
     parse_options,
 )
+
+if TYPE_CHECKING:
+    from embforge.data.retrieval import RetrievalData
+    from embforge.data.tables import Dataset
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -143,7 +148,7 @@ def _add_data(parser: argparse.ArgumentParser, *, default_split: str | None) -> 
     parser.add_argument("--split", default=default_split, help=f"qrels split (default: {default})")
 
 
-def load_data(folder: str | None, split: str) -> Any:
+def load_data(folder: str | None, split: str) -> RetrievalData:
     """A BEIR or SciFact folder as :class:`~embforge.data.retrieval.RetrievalData`."""
     if folder is None:
         raise ValueError("--data FOLDER is required (a BEIR folder or the SciFact folder)")
@@ -152,7 +157,7 @@ def load_data(folder: str | None, split: str) -> Any:
     return load_retrieval_folder(folder, split)
 
 
-def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
+def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
     from embforge.evaluate.retrieval import RETRIEVAL_METRICS, evaluate_retrieval
     from embforge.retrieval.index.registry import check_kind
     from embforge.retrieval.sharded import is_main, sharded
@@ -198,7 +203,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any] | None:
     return result if is_main() else None
 
 
-def run_mine(args: argparse.Namespace) -> dict[str, Any] | None:
+def run_mine(args: argparse.Namespace) -> Mapping[str, object] | None:
     from embforge.data.tables import read_table
     from embforge.retrieval.index.registry import check_kind
     from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
@@ -208,7 +213,7 @@ def run_mine(args: argparse.Namespace) -> dict[str, Any] | None:
     config = config_from_args(MiningConfig, args, index=args.index_kind)
     corpus = None
     if args.pairs:
-        data: Any = read_table(args.pairs)
+        data: Dataset | RetrievalData = read_table(args.pairs)
         if args.corpus:
             corpus = read_table(args.corpus).columns.get("text")
             if corpus is None:
@@ -265,7 +270,7 @@ def _any_split(root: Path) -> str:
     return splits[0]
 
 
-def run_index_build(args: argparse.Namespace) -> dict[str, Any] | None:
+def run_index_build(args: argparse.Namespace) -> Mapping[str, object] | None:
     """Encode the corpus (resumable through ``--corpus-cache``) and write an index folder in the one format the
     server opens (:mod:`embforge.serve.store`): vectors, texts, the kind and the model that built it."""
     import tempfile
@@ -308,7 +313,7 @@ def run_index_build(args: argparse.Namespace) -> dict[str, Any] | None:
     }
 
 
-def run_index_search(args: argparse.Namespace) -> dict[str, Any]:
+def run_index_search(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.encoder import Encoder
     from embforge.serve.store import DocumentStore, model_identity
 

@@ -8,7 +8,7 @@ Pairs get one ``score`` per row, rows with several candidates (triplets, mined n
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from embforge.cli.common import add_amp_arg, add_batch_size_arg, add_data_args
 
@@ -32,7 +32,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_score)
 
 
-def run_score(args: argparse.Namespace) -> dict[str, Any]:
+def run_score(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
     from embforge.data.tables import read_table
     from embforge.distill.signals import score_rows, write_scored
@@ -44,7 +44,7 @@ def run_score(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.data}: already has a {data.label_column!r} column; pass --overwrite to replace it"
         )
     cross = args.kind == "cross" or (args.kind == "auto" and is_cross_encoder_folder(args.teacher))
-    teacher: Any = CrossEncoder.load(args.teacher) if cross else Encoder.load(args.teacher)
+    teacher: Encoder | CrossEncoder = CrossEncoder.load(args.teacher) if cross else Encoder.load(args.teacher)
     scores = score_rows(
         teacher, data, batch_size=args.batch_size, show_progress=not getattr(args, "quiet", False)
     )

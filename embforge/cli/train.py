@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from embforge.cli.common import int_list, parse_options
@@ -286,7 +287,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.set_defaults(func=run_train)
 
 
-def run_train(args: argparse.Namespace) -> dict[str, Any] | None:
+def run_train(args: argparse.Namespace) -> Mapping[str, object] | None:
     from embforge.training.distributed import is_main
     from embforge.training.run import load_toml, run, spec_from_dict
 

@@ -11,7 +11,7 @@ Three losses, all on L2-normalised embeddings so they train the geometry that co
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge.losses.base import EmbeddingLoss, check_temperature, cosine_matrix
+
+if TYPE_CHECKING:
+    from embforge.data.tables import Dataset
+    from embforge.protocols import Embedder
 
 
 def _check(embeddings: list[Tensor], labels: Tensor | None, name: str) -> tuple[Tensor, Tensor]:
@@ -83,10 +87,13 @@ class PrototypeLoss(LabelledTextLoss):
             )
         return labels
 
-    def start_from(self, model: Any, data: Any) -> None:
+    def start_from(self, model: Embedder, data: Dataset) -> None:
         """Each class's prototype := the normalised mean of its texts' normalised embeddings (absent classes keep
         their random start)."""
-        labels = torch.as_tensor(self.prepare_labels(data.labels())).long()
+        found = data.labels()
+        if found is None:  # Task.validate requires the label column of this loss
+            raise ValueError(f"{data.path}: the {self.name!r} loss needs a 'label' column")
+        labels = torch.as_tensor(self.prepare_labels(found)).long()
         embeddings = torch.as_tensor(model.encode(data.texts()[0], normalize=True, show_progress=False))
         sums = torch.zeros(self.num_labels, embeddings.shape[1]).index_add_(0, labels, embeddings)
         present = torch.bincount(labels, minlength=self.num_labels) > 0
