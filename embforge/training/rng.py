@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
+def rng_state() -> dict[str, object]:
+    state: dict[str, object] = {
         "torch": torch.get_rng_state(),
         "numpy": _numpy_state(),
         "python": random.getstate(),

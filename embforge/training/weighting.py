@@ -69,7 +69,7 @@ class DynamicWeights:
         self.sums[task] += float(loss)
         self.counts[task] += 1
 
-    def step(self, step: int) -> dict[str, Any] | None:
+    def step(self, step: int) -> dict[str, object] | None:
         """After optimiser step ``step``: update the weights when it is a multiple of ``every``.
 
         Returns:
@@ -107,9 +107,15 @@ class DynamicWeights:
             "task_mean_loss": {n: m for n, m in zip(self.names, self.means) if m is not None},
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, list[float] | list[int] | list[float | None]]:
         """JSON-able state (weights, the current window and the last means)."""
-        return {name: getattr(self, name) for name in ("weights", "sums", "counts", "means", "initial")}
+        return {
+            "weights": self.weights,
+            "sums": self.sums,
+            "counts": self.counts,
+            "means": self.means,
+            "initial": self.initial,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["weights"]) != len(self.weights):
