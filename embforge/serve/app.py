@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -40,7 +40,9 @@ from embforge.serve.store import DocumentStore, DuplicateIdError
 from embforge.sparse.serve import create_sparse_app
 
 if TYPE_CHECKING:
+    from embforge.multivector.model import MultiVectorEncoder
     from embforge.protocols import Embedder, PairScorer
+    from embforge.sparse.model import SparseEncoder
 
 require("fastapi")
 orjson = require("orjson")
@@ -156,7 +158,7 @@ class _Server:
             if self.store is not None:
                 await asyncio.to_thread(self.store.close)
 
-    def routes(self) -> list[tuple[str, str, Callable[..., Any]]]:
+    def routes(self) -> list[tuple[str, str, Callable[..., Awaitable[object]]]]:
         """``(method, path, endpoint)`` of every endpoint."""
         return [
             ("POST", "/v1/embeddings", self.embeddings),
@@ -270,7 +272,7 @@ class _Server:
             }
         )
 
-    async def rerank(self, body: RerankRequest) -> dict[str, Any]:
+    async def rerank(self, body: RerankRequest) -> dict[str, object]:
         served = self.models.reranker(body.model)
         _check_body(body)
         field = "documents" if body.documents is not None else "texts"
@@ -291,13 +293,13 @@ class _Server:
         order = np.argsort(-scores, kind="stable")[: body.top_n]
         results = []
         for i in order:
-            item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+            item: dict[str, object] = {"index": int(i), "relevance_score": float(scores[i])}
             if body.return_documents:
                 item["document"] = {"text": docs[i]}
             results.append(item)
         return {"model": served.name, "results": results}
 
-    async def similarity(self, body: SimilarityRequest) -> dict[str, Any]:
+    async def similarity(self, body: SimilarityRequest) -> dict[str, object]:
         served = self.models.embedder(body.model)
         if not body.pairs:
             raise ApiError(422, "'pairs' must not be empty", "pairs")
@@ -317,7 +319,7 @@ class _Server:
             )
         return self.store
 
-    async def search(self, body: SearchRequest) -> dict[str, Any]:
+    async def search(self, body: SearchRequest) -> dict[str, object]:
         docs = self.need_store()
         queries = [body.query] if isinstance(body.query, str) else body.query
         _check_body(body, query=queries)
@@ -331,7 +333,7 @@ class _Server:
             "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)],
         }
 
-    async def add_documents(self, body: AddDocumentsRequest) -> dict[str, Any]:
+    async def add_documents(self, body: AddDocumentsRequest) -> dict[str, object]:
         docs = self.need_store()
         _check_body(body)
         texts = self.check_texts([d.text for d in body.documents], "documents")
@@ -349,7 +351,7 @@ class _Server:
             raise _conflict(err.position, err.key) from err
         return {"added": len(items), "total": len(docs)}
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, object]:
         return {
             "status": "ok",
             "model": self.default.name,
@@ -360,16 +362,14 @@ class _Server:
             "documents": len(self.store) if self.store is not None else None,
         }
 
-    async def list_models(self) -> dict[str, Any]:
+    async def list_models(self) -> dict[str, object]:
         return self.models.listing()
 
     async def metrics_text(self) -> PlainTextResponse:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def _other_kind_app(
-    model: Any | Mapping[str, Any], store: DocumentStore | None, cfg: ServeConfig
-) -> Any | None:
+def _other_kind_app(model: object, store: DocumentStore | None, cfg: ServeConfig) -> FastAPI | None:
     """The app of a multi-vector (token vectors, MaxSim) or sparse (SPLADE) model, else None (a dense embedder)."""
     only = next(iter(model.values())) if isinstance(model, Mapping) and len(model) == 1 else model
     if isinstance(only, Mapping):
@@ -381,14 +381,14 @@ def _other_kind_app(
                 "a multi-vector model keeps its search documents in memory (POST /index/documents); "
                 "--index folders hold one vector per document: serve it without --index"
             )
-        return create_multivector_app(only, name=name, max_inputs=cfg.max_inputs)
+        return create_multivector_app(cast("MultiVectorEncoder", only), name=name, max_inputs=cfg.max_inputs)
     if kind_of(only) == ModelKind.SPARSE:  # {indices, values} embeddings and an inverted index
         if store is not None:
             raise ValueError(
                 "a sparse model keeps its search documents in an in-memory inverted index (POST "
                 "/index/documents); --index folders hold dense vectors: serve it without --index"
             )
-        return create_sparse_app(only, name=name, max_inputs=cfg.max_inputs)
+        return create_sparse_app(cast("SparseEncoder", only), name=name, max_inputs=cfg.max_inputs)
     return None
 
 
