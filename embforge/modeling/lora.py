@@ -30,14 +30,17 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from embforge._optional import require
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.resolve import hf_quiet
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER_DIR = "adapter"
 ALL_LINEAR = "all-linear"
@@ -180,7 +183,7 @@ def has_adapter(folder: str | Path) -> bool:
     return (Path(folder) / ADAPTER_DIR / "adapter_config.json").is_file()
 
 
-def base_state_dict(wrapped: Any) -> dict[str, Any]:
+def base_state_dict(wrapped: PeftModel) -> dict[str, Tensor]:
     """The frozen base weights of a peft-wrapped model under the Hugging Face names (no adapter tensors)."""
     out = {}
     for key, value in wrapped.get_base_model().state_dict().items():
@@ -253,7 +256,7 @@ def adapter_note(module: Any) -> dict[str, object]:
     return {"lora": note}
 
 
-def load_adapter(module: nn.Module, folder: str | Path, *, trainable: bool = True) -> Any:
+def load_adapter(module: nn.Module, folder: str | Path, *, trainable: bool = True) -> PeftModel:
     """Wrap ``module`` (the base model loaded from ``folder``) with the adapter saved in ``folder/adapter``.
 
     ``trainable=True`` leaves the adapter weights trainable, so a checkpoint resumes as the run that wrote it.
