@@ -16,7 +16,6 @@ import csv
 import io
 import os
 from pathlib import Path
-from typing import Any
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
@@ -58,14 +57,14 @@ def write_table(data: Dataset, path: str | os.PathLike) -> Path:
     return write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
-def _cell(data: Dataset, name: str, row: int) -> Any:
+def _cell(data: Dataset, name: str, row: int) -> object:
     value = data.columns[name][row]
     if name == "label" and data.label_names is not None:
         return data.label_names[value]
     return value
 
 
-def _write_parquet(path: Path, names: list[str], rows: list[list[Any]]) -> Path:
+def _write_parquet(path: Path, names: list[str], rows: list[list[object]]) -> Path:
     pa = require("pyarrow")
     pq = require("pyarrow.parquet")
     table = pa.table({name: [row[j] for row in rows] for j, name in enumerate(names)})

@@ -18,7 +18,6 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -134,7 +133,7 @@ class QdrantIndex(VectorIndex):
         """
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        meta: dict[str, Any] = {"backend": "qdrant", "dim": self.dim, "collection": self.collection}
+        meta: dict[str, object] = {"backend": "qdrant", "dim": self.dim, "collection": self.collection}
         if self.url is not None:
             meta["url"] = self.url
         elif self.path is None or self.path.resolve() != folder.resolve():
@@ -155,7 +154,7 @@ class QdrantIndex(VectorIndex):
         (``"external": true``; :meth:`load` is then given the storage folder). An in-memory one is copied."""
         if self.url is None and self.path is None:
             return super().snapshot()
-        meta: dict[str, Any] = {"backend": "qdrant", "dim": self.dim, "collection": self.collection}
+        meta: dict[str, object] = {"backend": "qdrant", "dim": self.dim, "collection": self.collection}
         meta.update({"external": True, **({"url": self.url} if self.url is not None else {})})
 
         def write(folder: Path) -> None:
