@@ -23,19 +23,16 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 PRECISIONS: tuple[str, ...] = ("float32", "int8", "uint8", "binary", "ubinary")
 RANGES_FILE = "embforge_quantization.json"
-
-
-class TextEncoder(Protocol):
-    """What :func:`calibrate` needs: ``encode(texts) -> (n, dim)`` float embeddings."""
-
-    def encode(self, texts: Sequence[str], *, batch_size: int = ...) -> Any: ...
 
 
 def quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
@@ -80,7 +77,7 @@ def ranges_of(embeddings: np.ndarray) -> np.ndarray:
     return np.stack([x.min(axis=0), x.max(axis=0)])
 
 
-def calibrate(model: TextEncoder, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+def calibrate(model: Embedder, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
     """Calibration ranges of ``model`` on ``texts`` (a few hundred to thousands of texts like the served ones)."""
     return ranges_of(np.asarray(model.encode(list(texts), batch_size=batch_size), dtype=np.float32))
 

@@ -8,10 +8,17 @@ import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embforge._optional import require
 from embforge.serve.config import ServeConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+    import uvicorn
+    from fastapi import FastAPI
+
+    from embforge.protocols import Embedder
 
 API_KEY_ENV = "EMBFORGE_API_KEY"
 
@@ -39,7 +46,7 @@ def load_reranker(model: str, *, backend: str = "torch", threads: int | None = N
     return load_scorer(model, backend=backend, threads=threads, streams=streams)
 
 
-def calibrated(encoder: Any, texts: Sequence[str]) -> Any:
+def calibrated(encoder: Embedder, texts: Sequence[str]) -> np.ndarray:
     """int8/uint8 calibration ranges of ``encoder`` on ``texts``, saved with an exported model (beside its graph,
     where a later start without ``--calibration`` finds them); a PyTorch model's folder is left as it is."""
     from embforge.quantization import calibrate, write_ranges
@@ -65,7 +72,7 @@ def serve(
     calibration: str | None = None,
     index: str | None = None,
     index_kind: str | None = None,
-    index_options: dict[str, Any] | None = None,
+    index_options: Mapping[str, object] | None = None,
     allow_model_mismatch: bool = False,
     compact_bytes: int | None = 64 << 20,
     backend: str = "torch",
@@ -188,14 +195,14 @@ def _sigterm_handled() -> Iterator[None]:
 
 
 def uvicorn_config(
-    app: Any,
+    app: FastAPI,
     config: ServeConfig,
     *,
     host: str,
     port: int,
     log_level: str = "info",
     graceful_timeout_s: float = 30.0,
-) -> Any:
+) -> uvicorn.Config:
     """The ``uvicorn.Config`` the server runs under: the connection guard of :mod:`embforge.serve.sockets`
     (head/body deadlines, connection cap) on uvicorn's own HTTP protocol, and its keep-alive timeout."""
     uvicorn = require("uvicorn")
