@@ -19,7 +19,7 @@ import contextlib
 import sys
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tqdm.auto import tqdm
 
@@ -60,7 +60,7 @@ def progress_bar(
     enabled: bool = True,
     initial: int = 0,
     unit: str = "it",
-) -> Any:
+) -> tqdm:
     """A tqdm bar with ETA: it appears after one second (quick calls print nothing), refreshes at least every
     second (every two when stderr is a log file, not a terminal), and is removed when it finishes inside another
     bar (e.g. encoding the dev set during training)."""

@@ -21,7 +21,6 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -288,7 +287,7 @@ def _encode_labels(data: Dataset, label_names: Sequence[str] | None) -> tuple[li
     A column of integers with a few words among them (``1_0``, a header read as a row) is an error at the first
     word, and so is the reverse: the minority kind is the mistake.
     """
-    raw: list[Any] = data.columns["label"]
+    raw: list[object] = data.columns["label"]
     ints = [as_integer(v) for v in raw]
     numeric = sum(x is not None for x in ints)
     if numeric == len(raw):

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.folders import load_retrieval_folder
-from embforge.data.tables import read_table
+from embforge.data.retrieval import RetrievalData
+from embforge.data.tables import Dataset, read_table
 from embforge.evaluate.retrieval import evaluate_retrieval
 from embforge.evaluate.sts import evaluate_sts
 
@@ -65,10 +66,18 @@ def parse_mix(spec: str, *, batch_size: int = 64) -> list[MixPart]:
         builtin = None if Path(source.split("@")[0]).exists() else _builtin(source)
         if kind == "sts":
             data = load_builtin(*builtin) if builtin else read_table(source)
+            if not isinstance(data, Dataset):
+                raise ValueError(
+                    f"dev mix item {item!r}: {source} is a retrieval set; write retrieval:{source}"
+                )
             parts.append(MixPart(item, "spearman", partial(evaluate_sts, data=data, batch_size=batch_size)))
         else:
             if builtin:
                 rdata = load_builtin(*builtin)
+                if not isinstance(rdata, RetrievalData):
+                    raise ValueError(
+                        f"dev mix item {item!r}: {source} is a table of pairs; write sts:{source}"
+                    )
             else:
                 folder, _, split = source.partition("@")
                 rdata = load_retrieval_folder(folder, split or "dev")

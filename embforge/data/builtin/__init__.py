@@ -8,7 +8,11 @@ registry of them: ``load_builtin("stsb", "test")`` (pipelines write ``data = "st
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from embforge.data.retrieval import RetrievalData
+    from embforge.data.tables import Dataset
 
 # name -> (module under embforge.data.builtin, loader function); loaders are imported on first use
 DATASETS: dict[str, tuple[str, str]] = {
@@ -22,7 +26,7 @@ DATASETS: dict[str, tuple[str, str]] = {
 }
 
 
-def load_builtin(name: str, split: str) -> Any:
+def load_builtin(name: str, split: str) -> Dataset | RetrievalData:
     """The built-in data set ``name`` (a key of :data:`DATASETS`) at ``split``: a Dataset, or RetrievalData for
     retrieval sets (SciFact)."""
     if name not in DATASETS:
