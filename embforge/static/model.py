@@ -13,7 +13,7 @@ Folders are model2vec's layout, which sentence-transformers reads as a ``StaticE
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from itertools import chain
 from pathlib import Path
@@ -78,7 +78,7 @@ class StaticEncoder(BatchEncoding, nn.Module):
         max_seq_length: int = 512,
         prompts: dict[str, str] | None = None,
         default_prompt_name: str | None = None,
-        config: dict[str, Any] | None = None,
+        config: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__()
         self.embedding = nn.EmbeddingBag.from_pretrained(table.float(), freeze=False, mode="mean")
