@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from embforge.cli.common import int_list, parse_options
 
 # flag -> (RunSpec/TrainConfig key, type, help)
-_FLAGS: list[tuple[str, str, Any, str]] = [
+_FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
     ("--model", "model", str, "model folder or alias (default all-MiniLM-L6-v2)"),
     (
         "--model-type",
@@ -192,7 +192,7 @@ _METAVAR = {
     "--data-split": "SPLIT",
     "--shuffle-window": "ROWS",
 }
-_KIND_METAVAR = {int: "N", float: "X", str: "VALUE"}
+_KIND_METAVAR: dict[Callable[[str], object], str] = {int: "N", float: "X", str: "VALUE"}
 _CHOICES = {"--amp": ["auto", "no", "bf16", "fp16"], "--mine-method": ["dense", "bm25", "hybrid"]}
 _HELP = {flag: text for flag, _, _, text in _FLAGS}
 
