@@ -111,7 +111,7 @@ def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", requ
     )
 
 
-def config_from_args(config_class: type[T], args: argparse.Namespace, **values: Any) -> T:
+def config_from_args(config_class: type[T], args: argparse.Namespace, **values: object) -> T:
     """A configuration dataclass filled from a verb's flags: each field ``values`` does not give is taken from the
     flag of the same name (``--max-inputs`` -> ``max_inputs``) when the verb has one, else keeps its default."""
     for field in dataclasses.fields(config_class):  # type: ignore[arg-type]
