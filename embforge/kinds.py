@@ -108,7 +108,7 @@ def folder_kind(path: str | os.PathLike) -> ModelKind | None:
     return _ST_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
 
 
-def load_any(path: str | os.PathLike, **options: Any) -> Any:
+def load_any(path: str | os.PathLike, **options: object) -> Any:
     """Load a folder as the kind it declares (a dense :class:`~embforge.encoder.Encoder` when it does not say)."""
     kind = folder_kind(path) or ModelKind.DENSE
     return model_class(kind).load(path, **options)

@@ -9,7 +9,6 @@ an example.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from embforge.losses.base import EmbeddingLoss
 from embforge.losses.classification import ClusterLoss, PrototypeLoss, SupConLoss
@@ -72,7 +71,7 @@ def get_loss(
     num_labels: int | None = None,
     matryoshka_dims: Sequence[int] | None = None,
     matryoshka_weights: Sequence[float] | None = None,
-    **options: Any,
+    **options: object,
 ) -> EmbeddingLoss:
     """Build a loss by name.
 

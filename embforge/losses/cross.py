@@ -29,8 +29,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -351,7 +349,7 @@ CROSS_LOSSES: dict[str, type[CrossLoss]] = {
 }
 
 
-def get_cross_loss(name: str, **options: Any) -> CrossLoss:
+def get_cross_loss(name: str, **options: object) -> CrossLoss:
     """Build a cross-encoder loss by name (``bce``, ``ce``, ``cosent``, ``mse``, ``listwise``, ``margin_mse``,
     ``kl_distill``).
 

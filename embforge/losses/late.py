@@ -25,8 +25,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -160,7 +158,7 @@ MULTIVECTOR_LOSSES: dict[str, type[EmbeddingLoss]] = {
 }
 
 
-def get_multivector_loss(name: str, **options: Any) -> EmbeddingLoss:
+def get_multivector_loss(name: str, **options: object) -> EmbeddingLoss:
     """A multi-vector loss by name (``infonce``, ``margin_mse``, ``kl_distill``)."""
     if name not in MULTIVECTOR_LOSSES:
         raise ValueError(
