@@ -56,9 +56,9 @@ METHODS = ("linear", "task_arithmetic", "ties")
 _ST_KEYS = ("prompts", "default_prompt_name", "similarity_fn_name", "truncate_dim", "matryoshka_dims")
 
 
-def model_settings(model: Encoder, folder: str | os.PathLike | None = None) -> dict[str, Any]:
+def model_settings(model: Encoder, folder: str | os.PathLike | None = None) -> dict[str, object]:
     """What must agree between merged models, besides the weights' names and shapes."""
-    settings: dict[str, Any] = {
+    settings: dict[str, object] = {
         "pooling": model.pooling,
         "normalize": model.normalize,
         "max_seq_length": model.max_seq_length,
@@ -79,7 +79,7 @@ def _st_config(folder: str | os.PathLike | None) -> dict[str, Any]:
     return {} if folder is None else read_st_config(resolve_model_path(folder))
 
 
-def check_compatible(settings: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+def check_compatible(settings: Sequence[dict[str, object]], names: Sequence[str]) -> dict[str, object]:
     """The common settings, or a ``ValueError`` naming the first setting on which two models disagree."""
     first = settings[0]
     for name, other in zip(names[1:], settings[1:]):
@@ -243,8 +243,9 @@ class Merger:
         self.states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in loaded]
         self.base = None if base_model is None else base_model.state_dict()
         self.model = loaded[0]
-        self.model.prompts = dict(self.settings["prompts"])
-        self.model.default_prompt_name = self.settings["default_prompt_name"]
+        prompts, default = self.settings["prompts"], self.settings["default_prompt_name"]
+        self.model.prompts = dict(prompts) if isinstance(prompts, dict) else {}
+        self.model.default_prompt_name = default if isinstance(default, str) else None
 
     def merge(self, weights: Sequence[float] | None = None) -> Encoder:
         """The merged model at ``weights`` (``None``: equal weights, i.e. checkpoint averaging for ``linear``).
