@@ -10,13 +10,16 @@ its number of ``tokens``; ``/search`` is MaxSim top ``k`` over the added documen
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embforge.multivector.model import MultiVectorEncoder
 from embforge.multivector.search import MultiVectorIndex, create_multivector_index
 from embforge.serve.kind_api import create_kind_app
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 class MultiVectorBackend:
@@ -63,6 +66,6 @@ class MultiVectorBackend:
 
 def create_multivector_app(
     model: MultiVectorEncoder, *, name: str = "colbert", index: str = "exact", max_inputs: int = 2048
-) -> Any:
+) -> FastAPI:
     """A FastAPI app serving ``model`` (see the module docstring); ``index``: ``exact`` or ``plaid``."""
     return create_kind_app(MultiVectorBackend(model, index), name=name, max_inputs=max_inputs)

@@ -10,13 +10,16 @@ of an inference-free model come from its query table); ``/search`` ranks by dot 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import scipy.sparse as sp
 
 from embforge.serve.kind_api import create_kind_app
 from embforge.sparse.index import SparseIndex
 from embforge.sparse.model import SparseEncoder
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 class SparseItem(TypedDict):
@@ -77,6 +80,6 @@ class SparseBackend:
         return self.texts[doc_id]
 
 
-def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs: int = 2048) -> Any:
+def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs: int = 2048) -> FastAPI:
     """A FastAPI app serving ``model`` (see the module docstring)."""
     return create_kind_app(SparseBackend(model), name=name, max_inputs=max_inputs)
