@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 ADAPTER_DIR = "adapter"
 ALL_LINEAR = "all-linear"
-M = TypeVar("M", bound=nn.Module)  # an Encoder or a CrossEncoder (a TransformerModule: it declares peft_slot)
+M = TypeVar("M")  # an Encoder or a CrossEncoder (a TransformerModule: it declares peft_slot)
 
 
 @dataclass
@@ -103,7 +103,7 @@ def uses_adapters(module: object) -> bool:
     return any(isinstance(m, BaseTunerLayer) for m in module.modules())
 
 
-def _slot(model: nn.Module) -> tuple[str, str | None]:
+def _slot(model: object) -> tuple[str, str | None]:
     """``(attribute holding the HF module, peft task type)``: the model's declared ``peft_slot``."""
     if isinstance(model, TransformerModule):
         return model.peft_slot
