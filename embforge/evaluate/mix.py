@@ -24,15 +24,15 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from embforge.protocols import Embedder
-
 from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.folders import load_retrieval_folder
 from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import Dataset, read_table
 from embforge.evaluate.retrieval import evaluate_retrieval
 from embforge.evaluate.sts import evaluate_sts
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 KINDS = {"sts": "spearman", "retrieval": "ndcg@10"}
 
