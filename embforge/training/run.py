@@ -17,6 +17,7 @@ from typing import Any
 from embforge.data.retrieval import training_pairs
 from embforge.data.sources import RowSource, SourceOptions, open_source, row_count
 from embforge.data.tables import Dataset, read_table
+from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.loop import train
@@ -126,8 +127,8 @@ def make_loss(
         matryoshka_weights=matryoshka_weights,
         **options,
     )
-    # a loaded model (a pipeline check passes only its size); data-dependent starts read a whole table
-    if hasattr(model, "encode") and isinstance(data, Dataset):
+    # a loaded bi-encoder (a pipeline check passes only its size); data-dependent starts read a whole table
+    if isinstance(model, BatchEncoding) and isinstance(data, Dataset):
         loss.start_from(model, data)
     return loss
 
