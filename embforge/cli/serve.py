@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from embforge.cli.common import DEFAULT_MODEL, add_index_kind_arg, config_from_args, parse_options
 from embforge.onnx.backends import BACKENDS
@@ -170,7 +170,7 @@ def named_models(values: list[str] | None) -> str | dict[str, str] | None:
     return values[0] if plain else named
 
 
-def run_serve(args: argparse.Namespace) -> dict[str, Any]:
+def run_serve(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.serve.config import ServeConfig
     from embforge.serve.runner import serve
 

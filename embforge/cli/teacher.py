@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from embforge.cli.common import add_actions
 
@@ -28,7 +28,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     fetch.set_defaults(func=run_fetch)
 
 
-def run_fetch(args: argparse.Namespace) -> dict[str, Any]:
+def run_fetch(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.distill.fetch import fetch_teacher
 
     folder = fetch_teacher(args.output, name=args.name, force=args.force)

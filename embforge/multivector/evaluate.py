@@ -7,8 +7,7 @@ a dense model's ``{qid: {docid: score}}``) are re-scored by MaxSim and re-ordere
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +28,7 @@ def multivector_run(
     batch_size: int = 32,
     index: str = "exact",
     candidates: Run | None = None,
-    index_options: dict[str, Any] | None = None,
+    index_options: Mapping[str, object] | None = None,
 ) -> Run:
     """The run ``{qid: {docid: MaxSim}}``: the top ``depth`` documents of each query, or its ``candidates``
     re-scored (reranking)."""
@@ -80,7 +79,7 @@ def evaluate_multivector(
     batch_size: int = 32,
     index: str = "exact",
     candidates: Run | None = None,
-    index_options: dict[str, Any] | None = None,
+    index_options: Mapping[str, object] | None = None,
 ) -> dict[str, float]:
     """Metrics (0–100) of a multi-vector model on ``data`` (queries with qrels only)."""
     data = data.queries_with_qrels()

@@ -10,7 +10,7 @@ its number of ``tokens``; ``/search`` is MaxSim top ``k`` over the added documen
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class MultiVectorBackend:
     def encode(self, texts: list[str], is_query: bool) -> list[np.ndarray]:
         return self.model.encode(texts, is_query=is_query)
 
-    def items(self, matrices: list[np.ndarray]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def items(self, matrices: list[np.ndarray]) -> tuple[list[dict[str, object]], dict[str, int]]:
         items = [{"embedding": m.tolist(), "tokens": len(m)} for m in matrices]
         return items, {"total_tokens": sum(len(m) for m in matrices)}
 

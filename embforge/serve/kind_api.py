@@ -77,7 +77,7 @@ class KindBackend(Protocol):
     def encode(self, texts: list[str], is_query: bool) -> Any:
         """The kind's vectors of ``texts`` (called in a worker thread, one call at a time)."""
 
-    def items(self, vectors: Any) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def items(self, vectors: Any) -> tuple[list[dict[str, object]], dict[str, int]]:
         """Each text's fields in a /v1/embeddings answer (its ``embedding`` ...), and the answer's ``usage``."""
 
     def ids(self) -> Sequence[str]:
@@ -135,10 +135,10 @@ def create_kind_app(backend: KindBackend, *, name: str, max_inputs: int = 2048) 
         found = await asyncio.to_thread(backend.search, vectors, body.top_k)
         results = []
         for query, top in zip(queries, found):
-            hits: list[dict[str, Any]] = [{"id": d, "score": float(s)} for d, s in top]
-            if body.return_text:
-                for hit in hits:
-                    hit["text"] = backend.text(hit["id"])
+            hits: list[dict[str, object]] = [
+                {"id": d, "score": float(s), **({"text": backend.text(d)} if body.return_text else {})}
+                for d, s in top
+            ]
             results.append({"query": query, "hits": hits})
         return {"model": name, "results": results}
 

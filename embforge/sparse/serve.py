@@ -10,7 +10,7 @@ of an inference-free model come from its query table); ``/search`` ranks by dot 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import scipy.sparse as sp
 
@@ -59,7 +59,7 @@ class SparseBackend:
     def encode(self, texts: list[str], is_query: bool) -> sp.csr_matrix:
         return self.model.encode_query(texts) if is_query else self.model.encode_document(texts)
 
-    def items(self, vectors: sp.csr_matrix) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def items(self, vectors: sp.csr_matrix) -> tuple[list[dict[str, object]], dict[str, int]]:
         return [{"embedding": item} for item in sparse_items(vectors)], {"active_dims": int(vectors.nnz)}
 
     def ids(self) -> Sequence[str]:
