@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from embforge.protocols import Embedder, PairScorer
     from embforge.sparse.model import SparseEncoder
 
+    Servable = (
+        Embedder | SparseEncoder | MultiVectorEncoder
+    )  # a multi-vector or sparse model gets its own app
+
 require("fastapi")
 orjson = require("orjson")
 from fastapi import FastAPI, Request  # noqa: E402
@@ -414,7 +418,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(
-    model: Embedder | Mapping[str, Embedder],
+    model: Servable | Mapping[str, Servable],
     *,
     reranker: PairScorer | Mapping[str, PairScorer] | None = None,
     store: DocumentStore | None = None,
