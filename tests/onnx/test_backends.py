@@ -154,3 +154,35 @@ def test_openvino_streams_run_batches_at_once_and_change_no_vector(tiny_model_di
     np.testing.assert_allclose(two.encode(texts, batch_size=2), one.encode(texts, batch_size=2), atol=1e-5)
     app = create_app({"a": two, "b": one})
     assert [m.batcher.concurrency for m in app.state.models.embedders.values()] == [2, 1]
+
+
+def test_a_reranker_on_openvino_is_served_beside_embedders_with_the_torch_scores(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """The multi-model server with an exported embedder and an OpenVINO reranker (two streams, two batches in
+    flight): /rerank answers with PyTorch's order and scores, /v1/models names each model's backend."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from embforge.cross_encoder import CrossEncoder
+    from embforge.onnx.backends import load_embedder, load_scorer
+    from embforge.serve.app import create_app
+    from tests.conftest import make_cross_encoder
+
+    folder = tmp_path / "ce"
+    make_cross_encoder().save(folder)
+    query, docs = PAIRS[0][0], [d for _, d in PAIRS]
+    reference = CrossEncoder.load(folder).predict([(query, d) for d in docs])
+    scorer = load_scorer(folder, backend="openvino", cache=tmp_path / "cache", streams=2)
+    embedder = load_embedder(tiny_model_dir, backend="onnx", cache=tmp_path / "cache")
+    app = create_app({"e": embedder}, reranker={"rr": scorer})
+    with TestClient(app) as client:
+        listing = {m["id"]: m["backend"] for m in client.get("/v1/models").json()["data"]}
+        body = client.post("/rerank", json={"query": query, "documents": docs, "model": "rr"}).json()
+    assert listing == {"e": "onnx", "rr": "openvino"}
+    assert [r["index"] for r in body["results"]] == np.argsort(-reference).tolist()
+    got = np.array([r["relevance_score"] for r in sorted(body["results"], key=lambda r: r["index"])])
+    np.testing.assert_allclose(got, reference, atol=1e-3)
+    assert app.state.models.rerankers["rr"].batcher.concurrency == 2
