@@ -276,6 +276,8 @@ def run_index_build(args: argparse.Namespace) -> Mapping[str, object] | None:
     import tempfile
     import time
 
+    import numpy as np
+
     from embforge.encoder import Encoder
     from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
     from embforge.retrieval.index.registry import check_kind, create_index
@@ -301,7 +303,13 @@ def run_index_build(args: argparse.Namespace) -> Mapping[str, object] | None:
         if not is_main():
             return None
         store = DocumentStore.build(
-            args.index, ids, texts, emb, kind=kind, options=options, model=model_identity(model, args.model)
+            args.index,
+            ids,
+            texts,
+            np.asarray(emb),
+            kind=kind,
+            options=options,
+            model=model_identity(model, args.model),
         )
         store.close()
     return {

@@ -67,14 +67,16 @@ def teacher_embeddings(
         )
     tag = teacher_tag(teacher)
     key = _cache_key(tag, texts)
-    return encode_corpus(
-        teacher,
-        texts,
-        [str(i) for i in range(len(texts))],
-        Path(cache_dir) / key,
-        batch_size=batch_size,
-        model_tag=tag,
-        show_progress=show_progress,
+    return np.asarray(
+        encode_corpus(
+            teacher,
+            texts,
+            [str(i) for i in range(len(texts))],
+            Path(cache_dir) / key,
+            batch_size=batch_size,
+            model_tag=tag,
+            show_progress=show_progress,
+        )
     )
 
 

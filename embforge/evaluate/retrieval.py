@@ -16,8 +16,9 @@ from embforge.data.retrieval import RetrievalData
 from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
 from embforge.kinds import ModelKind, kind_of
 from embforge.multivector.evaluate import evaluate_multivector
-from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
+from embforge.retrieval.corpus_cache import CorpusEmbeddings, encode_corpus, model_fingerprint
 from embforge.retrieval.index.registry import create_index
+from embforge.retrieval.search import DenseSearch
 from embforge.sparse.evaluate import evaluate_sparse
 
 RETRIEVAL_METRICS: tuple[str, ...] = (
@@ -54,19 +55,11 @@ def search_run(
     """
     documents = data.documents
     if corpus_cache is not None:
-        doc_emb = np.asarray(
-            encode_corpus(
-                model,
-                documents,
-                data.doc_ids,
-                corpus_cache,
-                batch_size=batch_size,
-                model_tag=model_fingerprint(model),
-                show_progress=show_progress,
-            )
-        )
-    else:
-        doc_emb = model.encode(documents, batch_size=batch_size, show_progress=show_progress)
+        return _cached_search_run(
+            model, data, depth=depth, batch_size=batch_size, index=index, folder=corpus_cache,
+            show_progress=show_progress,
+        )  # fmt: skip
+    doc_emb = model.encode(documents, batch_size=batch_size, show_progress=show_progress)
     query_emb = model.encode(data.query_texts, batch_size=batch_size)
     doc_emb = _normalise(doc_emb)
     query_emb = _normalise(query_emb)
@@ -124,6 +117,35 @@ def retrieval_evaluator(data: RetrievalData, **options: Any) -> Callable[[Any], 
         return evaluate_retrieval(model, data, **options)
 
     return run
+
+
+def _cached_search_run(
+    model: Any,
+    data: RetrievalData,
+    *,
+    depth: int,
+    batch_size: int,
+    index: str,
+    folder: str | Path,
+    show_progress: bool,
+) -> dict[str, dict[str, float]]:
+    """:func:`search_run` with the corpus encoded into shards in ``folder`` and searched from them a shard at a
+    time (:class:`~embforge.retrieval.search.DenseSearch`): a corpus of any size, its float matrix never in
+    memory with ``index`` ``exact``, ``ivfpq`` or ``pq``."""
+    doc_emb = encode_corpus(
+        model,
+        data.documents,
+        data.doc_ids,
+        folder,
+        batch_size=batch_size,
+        model_tag=model_fingerprint(model),
+        show_progress=show_progress,
+    )
+    vectors = doc_emb.normalized() if isinstance(doc_emb, CorpusEmbeddings) else _normalise(doc_emb)
+    query_emb = _normalise(model.encode(data.query_texts, batch_size=batch_size))
+    positions, scores = DenseSearch(vectors, index).search(query_emb, depth)
+    ids = [[data.doc_ids[p] for p in row if p >= 0] for row in positions.tolist()]
+    return run_from_topk(data.query_ids, scores, ids)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

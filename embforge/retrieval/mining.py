@@ -44,6 +44,14 @@ import numpy as np
 from embforge._optional import require
 from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import Dataset
+from embforge.retrieval.corpus_cache import (
+    CorpusEmbeddings,
+    Vectors,
+    encode_corpus,
+    model_fingerprint,
+    unit_rows,
+)
+from embforge.retrieval.search import CorpusSearch, embed, rescore
 
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
@@ -72,6 +80,7 @@ class MiningConfig:
     max_tokens: int | None = None
     rescore_depth: int = 30
     seed: int = 0
+    query_block: int = 4096
     stats: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +92,8 @@ class MiningConfig:
             raise ValueError(f"num_negatives must be >= 1, got {self.num_negatives}")
         if self.skip_top < 0:
             raise ValueError(f"skip_top must be >= 0, got {self.skip_top}")
+        if self.query_block < 1:
+            raise ValueError(f"query_block must be >= 1, got {self.query_block}")
         if self.rescore_depth < 1:
             raise ValueError(f"rescore_depth must be >= 1, got {self.rescore_depth}")
         if not 0.0 <= self.hard_ratio <= 1.0:
@@ -115,10 +126,14 @@ def mine_positions(
     *,
     model: TrainableEmbedder | None = None,
     query_emb: np.ndarray | None = None,
-    doc_emb: np.ndarray | None = None,
+    doc_emb: Vectors | None = None,
     rescorer: CrossEncoder | None = None,
 ) -> Mined:
     """Mine negatives for queries whose known positives are corpus positions; the array-level core.
+
+    The corpus side (BM25 index, vector index) is built once; the queries are then mined ``config.query_block``
+    at a time, so the candidate arrays (and the query embeddings computed here) never grow with the number of
+    queries; block ``b`` draws its random choices from ``config.seed + b``.
 
     Args:
         query_texts: the queries.
@@ -127,43 +142,79 @@ def mine_positions(
         config: mining settings.
         model: the embedding model (dense/hybrid), unless ``query_emb``/``doc_emb`` are given.
         query_emb: precomputed query embeddings.
-        doc_emb: precomputed document embeddings.
+        doc_emb: precomputed document embeddings: an array, or the shards of an
+            :func:`~embforge.retrieval.corpus_cache.encode_corpus` folder (read a shard at a time).
         rescorer: a one-label cross-encoder that re-scores and re-ranks the first ``config.rescore_depth``
             candidates of each query and scores the positives; the filters then use its scores.
     """
-    from embforge.retrieval.search import bm25_candidates, dense_candidates, embed, hybrid_candidates, rescore
-
-    n_q, n_docs = len(query_texts), len(corpus)
+    n_q = len(query_texts)
     if len(positives) != n_q or any(not p for p in positives):
         raise ValueError("mining: every query needs at least one known positive")
+    dense = config.method != "bm25"
+    if dense and (query_emb is None or doc_emb is None) and model is None:
+        raise ValueError(f"{config.method} mining needs a model or precomputed embeddings")
+    if dense and doc_emb is None:
+        doc_emb = embed(model, corpus, config)
+    search = CorpusSearch(config.method, corpus, _float32(doc_emb), config.index)
+    depth = _depth(config, positives, len(corpus), rescored=rescorer is not None)
+    parts = []
+    for number, start in enumerate(range(0, n_q, config.query_block)):
+        end = start + config.query_block
+        q = None
+        if dense:
+            q = embed(model, query_texts[start:end], config) if query_emb is None else query_emb[start:end]
+            q = np.ascontiguousarray(q, dtype=np.float32)
+        block = _Block(query_texts[start:end], positives[start:end], q, config.seed + number)
+        parts.append(_mine_block(search, block, config, depth, rescorer))
+    stats: dict[str, int] = {}
+    for part in parts:
+        stats.update({k: stats.get(k, 0) + v for k, v in part.stats.items()})
+    return Mined(
+        negatives=np.concatenate([p.negatives for p in parts]),
+        scores=np.concatenate([p.scores for p in parts]),
+        positive_scores=np.concatenate([p.positive_scores for p in parts]),
+        stats=stats,
+    )
+
+
+@dataclass
+class _Block:
+    """One block of queries being mined: texts, known positives, unit embeddings (dense), random seed."""
+
+    texts: list[str]
+    positives: list[list[int]]
+    q: np.ndarray | None
+    seed: int
+
+
+def _float32(vectors: Vectors | None) -> Vectors | None:
+    """Corpus vectors as float32: shards are read as they are, an array is made contiguous once."""
+    if vectors is None or isinstance(vectors, CorpusEmbeddings):
+        return vectors
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _depth(config: MiningConfig, positives: list[list[int]], n_docs: int, *, rescored: bool) -> int:
+    """Candidates retrieved per query (see :class:`MiningConfig`), plus room for the known positives."""
     max_pos = max(len(p) for p in positives)
     depth = config.depth
     if depth is None:
         filtering = config.relative_margin is not None or config.absolute_margin is not None
         filtering = filtering or config.max_score is not None
         depth = config.skip_top + config.num_hard * (10 if filtering else 1) + max_pos
-        depth = max(depth, config.rescore_depth) if rescorer is not None else depth
-    depth = min(depth + max_pos, n_docs)
-    # positive mask helpers: (query, doc) keys, sorted for np.isin
-    pos_q = np.repeat(np.arange(n_q), [len(p) for p in positives])
-    pos_d = np.concatenate([np.asarray(p, dtype=np.int64) for p in positives])
-    pos_keys = np.unique(pos_q * n_docs + pos_d)
+        depth = max(depth, config.rescore_depth) if rescored else depth
+    return min(depth + max_pos, n_docs)
 
-    if config.method == "bm25":
-        cand, scores, pos_scores = bm25_candidates(query_texts, corpus, depth, pos_q, pos_d)
-    else:
-        if query_emb is None or doc_emb is None:
-            if model is None:
-                raise ValueError(f"{config.method} mining needs a model or precomputed embeddings")
-            query_emb = embed(model, query_texts, config) if query_emb is None else query_emb
-            doc_emb = embed(model, corpus, config) if doc_emb is None else doc_emb
-        q = np.ascontiguousarray(query_emb, dtype=np.float32)
-        d = np.ascontiguousarray(doc_emb, dtype=np.float32)
-        if config.method == "dense":
-            cand, scores = dense_candidates(q, d, depth, config.index)
-        else:
-            cand, scores = hybrid_candidates(query_texts, corpus, q, d, depth, config.index)
-        pos_scores = np.einsum("ij,ij->i", q[pos_q], d[pos_d])
+
+def _mine_block(
+    search: CorpusSearch, block: _Block, config: MiningConfig, depth: int, rescorer: CrossEncoder | None
+) -> Mined:
+    """Candidates, known-positive removal, rescoring, filters and the chosen negatives of one block of queries."""
+    n_q, n_docs = len(block.texts), search.n_docs
+    pos_q = np.repeat(np.arange(n_q), [len(p) for p in block.positives])
+    pos_d = np.concatenate([np.asarray(p, dtype=np.int64) for p in block.positives])
+    pos_keys = np.unique(pos_q * n_docs + pos_d)  # (query, doc) keys, sorted for np.isin
+    cand, scores, pos_scores = search.candidates(block.texts, block.q, depth, pos_q, pos_d)
     stats: dict[str, int] = {"candidates": int(np.count_nonzero(cand >= 0))}
     valid = cand >= 0
     is_pos = np.isin(np.arange(n_q)[:, None] * n_docs + cand, pos_keys) & valid
@@ -171,38 +222,42 @@ def mine_positions(
     valid &= ~is_pos
     if rescorer is not None:  # from here on the scores are the cross-encoder's
         cand, scores, valid, pos_scores = rescore(
-            rescorer,
-            query_texts,
-            corpus,
-            cand,
-            valid,
-            pos_q,
-            pos_d,
-            depth=config.rescore_depth,
-            batch_size=config.batch_size,
-        )
+            rescorer, block.texts, search.corpus, cand, valid, pos_q, pos_d,
+            depth=config.rescore_depth, batch_size=config.batch_size,
+        )  # fmt: skip
         stats["rescored"] = int(valid.sum())
     ref = np.full(n_q, np.inf, dtype=np.float64)
     np.minimum.at(ref, pos_q, pos_scores.astype(np.float64))
     valid &= ~_filtered(scores, valid, ref[:, None], config, stats)
-    hard = _pick_hard(valid, config)
+    hard = _pick_hard(valid, config, block.seed)
     negatives = np.take_along_axis(cand, np.maximum(hard, 0), axis=1)
     neg_scores = np.take_along_axis(scores, np.maximum(hard, 0), axis=1).astype(np.float32)
     negatives[hard < 0] = -1
     neg_scores[hard < 0] = -np.inf
     n_random = config.num_negatives - config.num_hard
     if n_random:
-        rand = _random_negatives(negatives, pos_keys, n_docs, n_random, config.seed)
+        rand = _random_negatives(negatives, pos_keys, n_docs, n_random, block.seed)
         negatives = np.concatenate([negatives, rand], axis=1)
-        rand_scores = np.full(rand.shape, np.nan, np.float32)
-        if rescorer is not None:  # so that every mined row carries a complete teacher signal
-            rows, cols = np.nonzero(rand >= 0)
-            pairs = [(query_texts[q], corpus[d]) for q, d in zip(rows.tolist(), rand[rows, cols].tolist())]
-            if pairs:
-                rand_scores[rows, cols] = rescorer.predict(pairs, batch_size=config.batch_size)
-        neg_scores = np.concatenate([neg_scores, rand_scores], axis=1)
+        neg_scores = np.concatenate(
+            [neg_scores, _random_scores(rand, block, search, rescorer, config)], axis=1
+        )
     stats["queries_short"] = int(np.any(negatives < 0, axis=1).sum())
     return Mined(negatives, neg_scores, pos_scores.astype(np.float32), stats)
+
+
+def _random_scores(
+    rand: np.ndarray, block: _Block, search: CorpusSearch, rescorer: CrossEncoder | None, config: MiningConfig
+) -> np.ndarray:
+    """NaN for random negatives, or the rescorer's scores, so that every mined row carries a complete teacher
+    signal."""
+    scores = np.full(rand.shape, np.nan, np.float32)
+    if rescorer is None:
+        return scores
+    rows, cols = np.nonzero(rand >= 0)
+    pairs = [(block.texts[q], search.corpus[d]) for q, d in zip(rows.tolist(), rand[rows, cols].tolist())]
+    if pairs:
+        scores[rows, cols] = rescorer.predict(pairs, batch_size=config.batch_size)
+    return scores
 
 
 def _filtered(
@@ -230,14 +285,14 @@ def _filtered(
     return drop
 
 
-def _pick_hard(valid: np.ndarray, config: MiningConfig) -> np.ndarray:
+def _pick_hard(valid: np.ndarray, config: MiningConfig, seed: int) -> np.ndarray:
     """Column positions of the chosen hard candidates per row (rank order), -1 where too few survive."""
     n_hard = config.num_hard
     if n_hard == 0:
         return np.empty((len(valid), 0), dtype=np.int64)
     usable = valid & (np.cumsum(valid, axis=1) > config.skip_top)
     if config.sampling == "random":
-        rng = np.random.default_rng(config.seed)
+        rng = np.random.default_rng(seed)
         keys = np.where(usable, rng.random(usable.shape), np.inf)
         chosen = np.argsort(keys, axis=1, kind="stable")[:, :n_hard]
         ok = np.take_along_axis(usable, chosen, axis=1)
@@ -271,13 +326,12 @@ def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: 
 
 def _cached_corpus(
     model: TrainableEmbedder, docs: list[str], ids: list[str], config: MiningConfig, folder: str | os.PathLike
-) -> np.ndarray:
-    """Unit-length corpus embeddings from (or written to) ``folder``; fingerprinted by weights and texts."""
-    from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
-    from embforge.retrieval.search import unit_rows
-
+) -> Vectors:
+    """Unit-length corpus embeddings from (or written to) ``folder``, fingerprinted by weights and texts: the shards
+    themselves (read a shard at a time), or under torchrun on ranks other than 0 the matrix in memory."""
     tag = model_fingerprint(model)
-    return unit_rows(encode_corpus(model, docs, ids, folder, batch_size=config.batch_size, model_tag=tag))
+    emb = encode_corpus(model, docs, ids, folder, batch_size=config.batch_size, model_tag=tag)
+    return emb.normalized() if isinstance(emb, CorpusEmbeddings) else unit_rows(emb)
 
 
 def mine(
@@ -287,7 +341,7 @@ def mine(
     *,
     corpus: list[str] | None = None,
     query_emb: np.ndarray | None = None,
-    doc_emb: np.ndarray | None = None,
+    doc_emb: Vectors | None = None,
     rescorer: CrossEncoder | None = None,
     corpus_cache: str | os.PathLike | None = None,
 ) -> Dataset:
@@ -308,49 +362,63 @@ def mine(
             applied to its scores instead of the retriever's, so that likely false negatives are judged by the
             better model. Cost: about ``rescore_depth + positives`` cross-encoder pairs per query.
         corpus_cache: a folder for the corpus embeddings (dense and hybrid methods): written on the first call
-            (resumable, :func:`embforge.retrieval.corpus_cache.encode_corpus`) and reused, without encoding, by later
-            calls with the same model weights and documents — e.g. to try other filters.
+            (resumable, in shards: :func:`embforge.retrieval.corpus_cache.encode_corpus`) and reused, without
+            encoding, by later calls with the same model weights and documents — e.g. to try other filters. The
+            vector index is then built from the shards (:mod:`embforge.retrieval.search`): with
+            ``config.index`` ``ivfpq`` or ``pq`` the corpus's float matrix is never in memory.
     """
-    if isinstance(data, RetrievalData):
-        position = {d: i for i, d in enumerate(data.doc_ids)}
-        docs = data.documents
-        queries = [(q, t) for q, t in zip(data.query_ids, data.query_texts) if data.qrels.get(q)]
-        query_texts = [t for _, t in queries]
-        positives = [[position[d] for d, g in data.qrels[q].items() if g > 0] for q, _ in queries]
-        keep = [i for i, p in enumerate(positives) if p]
-        query_texts, positives = [query_texts[i] for i in keep], [positives[i] for i in keep]
-    else:
-        data.require(["anchor", "positive"], purpose="hard-negative mining")
-        anchors, pos_texts = data.columns["anchor"], data.columns["positive"]
-        docs = list(dict.fromkeys([*(corpus or []), *pos_texts]))
-        position = {t: i for i, t in enumerate(docs)}
-        grouped: dict[str, list[int]] = {}
-        for a, p in zip(anchors, pos_texts):
-            group = grouped.setdefault(a, [])
-            if position[p] not in group:
-                group.append(position[p])
-        query_texts, positives = list(grouped), list(grouped.values())
+    docs, doc_ids, query_texts, positives = _mining_queries(data, corpus)
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
     if corpus_cache is not None and doc_emb is None and config.method != "bm25":
         if model is None:
             raise ValueError(f"mining with method={config.method!r} and a corpus cache needs a model")
-        ids = data.doc_ids if isinstance(data, RetrievalData) else [str(i) for i in range(len(docs))]
-        doc_emb = _cached_corpus(model, docs, ids, config, corpus_cache)
+        doc_emb = _cached_corpus(model, docs, doc_ids, config, corpus_cache)
     mined = mine_positions(
-        query_texts,
-        positives,
-        docs,
-        config,
-        model=model,
-        query_emb=query_emb,
-        doc_emb=doc_emb,
+        query_texts, positives, docs, config, model=model, query_emb=query_emb, doc_emb=doc_emb,
         rescorer=rescorer,
-    )
+    )  # fmt: skip
+    return _mined_rows(mined, query_texts, positives, docs, config, scored=rescorer is not None)
+
+
+def _mining_queries(
+    data: RetrievalData | Dataset, corpus: list[str] | None
+) -> tuple[list[str], list[str], list[str], list[list[int]]]:
+    """``(documents, their ids, query texts, each query's positive positions)`` of a :func:`mine` input."""
+    if isinstance(data, RetrievalData):
+        position = {d: i for i, d in enumerate(data.doc_ids)}
+        queries = [(q, t) for q, t in zip(data.query_ids, data.query_texts) if data.qrels.get(q)]
+        positives = [[position[d] for d, g in data.qrels[q].items() if g > 0] for q, _ in queries]
+        keep = [i for i, p in enumerate(positives) if p]
+        return data.documents, data.doc_ids, [queries[i][1] for i in keep], [positives[i] for i in keep]
+    data.require(["anchor", "positive"], purpose="hard-negative mining")
+    anchors, pos_texts = data.columns["anchor"], data.columns["positive"]
+    docs = list(dict.fromkeys([*(corpus or []), *pos_texts]))
+    where = {t: i for i, t in enumerate(docs)}
+    grouped: dict[str, list[int]] = {}
+    for a, p in zip(anchors, pos_texts):
+        group = grouped.setdefault(a, [])
+        if where[p] not in group:
+            group.append(where[p])
+    return docs, [str(i) for i in range(len(docs))], list(grouped), list(grouped.values())
+
+
+def _mined_rows(
+    mined: Mined,
+    query_texts: list[str],
+    positives: list[list[int]],
+    docs: list[str],
+    config: MiningConfig,
+    *,
+    scored: bool,
+) -> Dataset:
+    """One ``anchor, positive, negative_1..n`` row per (query, positive) of the queries that got every negative;
+    with ``scored`` (a rescorer) also ``score``: ``[s(q, positive), s(q, negative_1), ...]``, the teacher signal
+    for margin_mse / kl_distill (the list ``embforge score`` writes)."""
     anchors_out: list[str] = []
     pos_out: list[str] = []
     neg_cols: list[list[str]] = [[] for _ in range(config.num_negatives)]
-    scores_out: list[list[float]] = []  # with a rescorer: [s(q, positive), s(q, negative_1), ...] per row
+    scores_out: list[list[float]] = []
     dropped = 0
     # where each query's positives start in mined.positive_scores (the queries' positives, in order)
     starts = np.cumsum([0, *(len(p) for p in positives)])
@@ -364,14 +432,13 @@ def mine(
             pos_out.append(docs[p])
             for j, neg in enumerate(row):
                 neg_cols[j].append(docs[neg])
-            if rescorer is not None:
+            if scored:
                 positive = float(mined.positive_scores[starts[qi] + k])
                 scores_out.append([positive, *mined.scores[qi].astype(float).tolist()])
     config.stats = {**mined.stats, "rows": len(anchors_out), "rows_dropped": dropped}
     columns: dict[str, list] = {"anchor": anchors_out, "positive": pos_out}
     columns.update({f"negative_{j + 1}": col for j, col in enumerate(neg_cols)})
-    # the teacher signal for margin_mse / kl_distill (the list `embforge score` writes)
-    if rescorer is not None:
+    if scored:
         columns["score"] = scores_out
     return Dataset("mined", columns, list(range(1, len(anchors_out) + 1)))
 

@@ -1,14 +1,24 @@
 """Candidate search for :mod:`embforge.retrieval.mining`: dense top-k, BM25 top-k (``bm25s``), their hybrid (RRF), and
-cross-encoder rescoring of the candidates."""
+cross-encoder rescoring of the candidates.
+
+:class:`CorpusSearch` is built once over the corpus (BM25 index, vector index) and asked per block of queries.
+Corpus vectors are an array or :class:`~embforge.retrieval.corpus_cache.CorpusEmbeddings` (shards on disk): the
+vector index is then trained on a sample and filled a shard at a time, and with ``ivfpq`` / ``pq`` it holds only
+codes, the candidates re-ranked exactly with vectors read back from the shards, so the corpus's float matrix is
+never in memory; ``exact`` search scans the shards one at a time.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embforge._optional import require
+from embforge.retrieval.corpus_cache import CorpusEmbeddings, Vectors, encode_texts, unit_rows
 from embforge.retrieval.index.exact import topk_inner_product
+from embforge.retrieval.index.faiss import FaissIndex, codes_index
 from embforge.retrieval.index.registry import create_index
 
 if TYPE_CHECKING:
@@ -17,36 +27,109 @@ if TYPE_CHECKING:
     from embforge.retrieval.mining import MiningConfig
 
 RRF_K = 60
+SAMPLE_ROWS = 65_536  # vectors an IVF / PQ quantiser is trained on (FAISS wants >= 39 per IVF list)
+ARRAY_BLOCK = 65_536  # rows of an in-memory corpus added to an index at a time
+RERANK_ENTRIES = 4_000_000  # floats of candidate vectors gathered at a time for exact re-ranking
+CODES_KINDS = ("ivfpq", "pq")
+__all__ = ["unit_rows"]
 
 
 def embed(model: TrainableEmbedder, texts: list[str], config: MiningConfig) -> np.ndarray:
     """L2-normalised embeddings (so inner product is cosine), batched as ``config`` says."""
-    from embforge.retrieval.corpus_cache import encode_texts
-
     return unit_rows(encode_texts(model, texts, batch_size=config.batch_size, max_tokens=config.max_tokens))
 
 
-def unit_rows(emb: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length, as float32 (zero rows stay zero)."""
-    emb = np.asarray(emb, dtype=np.float32)
-    return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+def vector_blocks(vectors: Vectors) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first row, float32 block)`` of corpus vectors: one shard at a time, or slices of an array."""
+    if isinstance(vectors, CorpusEmbeddings):
+        yield from vectors.blocks()
+        return
+    for first in range(0, len(vectors), ARRAY_BLOCK):
+        yield first, np.ascontiguousarray(vectors[first : first + ARRAY_BLOCK], dtype=np.float32)
 
 
-def dense_candidates(q: np.ndarray, d: np.ndarray, depth: int, index: str) -> tuple[np.ndarray, np.ndarray]:
+def sample_vectors(vectors: Vectors, size: int | None = None, *, seed: int = 0) -> np.ndarray:
+    """``size`` rows (default :data:`SAMPLE_ROWS`) drawn without replacement (all rows of a smaller corpus), in
+    position order."""
+    size = SAMPLE_ROWS if size is None else size
+    if size >= len(vectors):
+        return np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
+    rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
+    return np.ascontiguousarray(vectors[rows], dtype=np.float32)
+
+
+class DenseSearch:
+    """Top-``depth`` corpus positions per query by inner product, over an index built once (see the module)."""
+
+    def __init__(self, vectors: Vectors, index: str) -> None:
+        self.vectors, self.kind = vectors, index
+        self.codes: Any = None
+        self.index: Any = None
+        if index == "exact":
+            return
+        dim = int(vectors.shape[1])
+        if index in CODES_KINDS:
+            self.codes, self.refine = codes_index(index, dim, sample_vectors(vectors), total=len(vectors))
+            for _, block in vector_blocks(vectors):
+                self.codes.add(block)
+            return
+        self.index = create_index(index, dim)
+        if isinstance(self.index, FaissIndex) and index == "ivf":
+            self.index.train(sample_vectors(vectors), total=len(vectors))
+        for first, block in vector_blocks(vectors):
+            self.index.add([str(i) for i in range(first, first + len(block))], block)
+
+    def search(self, q: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(positions (q, depth), scores)`` best first, -1 / -inf where an ANN index found fewer."""
+        if self.codes is not None:
+            return self._codes_search(q, depth)
+        if self.index is not None:
+            return self._index_search(q, depth)
+        if not isinstance(self.vectors, CorpusEmbeddings):
+            scores, positions = topk_inner_product(q, self.vectors, depth)
+            return positions, scores.astype(np.float64)
+        best_pos = np.empty((len(q), 0), dtype=np.int64)
+        best = np.empty((len(q), 0), dtype=np.float32)
+        for first, block in vector_blocks(self.vectors):  # one shard at a time; ties keep the lower position
+            scores, positions = topk_inner_product(q, block, depth)
+            best_pos = np.concatenate([best_pos, positions + first], axis=1)
+            best = np.concatenate([best, scores], axis=1)
+            keep = np.argsort(-best, axis=1, kind="stable")[:, :depth]
+            best_pos, best = np.take_along_axis(best_pos, keep, 1), np.take_along_axis(best, keep, 1)
+        return best_pos, best.astype(np.float64)
+
+    def _codes_search(self, q: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """Candidates from the codes, re-ranked by exact inner products with the stored vectors."""
+        depth = min(depth, len(self.vectors))
+        _, found = self.codes.search(q, min(len(self.vectors), int(depth * self.refine)))
+        positions = np.full((len(q), depth), -1, dtype=np.int64)
+        scores = np.full((len(q), depth), -np.inf)
+        step = max(1, RERANK_ENTRIES // max(1, found.shape[1] * q.shape[1]))
+        for start in range(0, len(q), step):
+            cand = found[start : start + step]
+            exact = np.einsum("qd,qkd->qk", q[start : start + step], self.vectors[np.maximum(cand, 0)])
+            exact = np.where(cand >= 0, exact, -np.inf)
+            order = np.argsort(-exact, axis=1, kind="stable")[:, :depth]
+            top = np.take_along_axis(exact, order, 1)
+            positions[start : start + step] = np.where(
+                np.isfinite(top), np.take_along_axis(cand, order, 1), -1
+            )
+            scores[start : start + step] = top
+        return positions, scores
+
+    def _index_search(self, q: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        found_scores, found_ids = self.index.search(q, depth)
+        positions = np.full((len(q), depth), -1, dtype=np.int64)
+        scores = np.full((len(q), depth), -np.inf)
+        for row, ids in enumerate(found_ids):
+            positions[row, : len(ids)] = [int(i) for i in ids]
+            scores[row, : len(ids)] = found_scores[row, : len(ids)]
+        return positions, scores
+
+
+def dense_candidates(q: np.ndarray, d: Vectors, depth: int, index: str) -> tuple[np.ndarray, np.ndarray]:
     """``(positions, scores)`` of the top ``depth`` documents per query (positions -1 where an ANN found fewer)."""
-    if index == "exact":
-        scores, positions = topk_inner_product(q, d, depth)
-        return positions, scores.astype(np.float64)
-
-    vector_index = create_index(index, d.shape[1])
-    vector_index.add([str(i) for i in range(len(d))], d)
-    found_scores, found_ids = vector_index.search(q, depth)
-    positions = np.full((len(q), depth), -1, dtype=np.int64)
-    scores = np.full((len(q), depth), -np.inf)
-    for row, ids in enumerate(found_ids):
-        positions[row, : len(ids)] = [int(i) for i in ids]
-        scores[row, : len(ids)] = found_scores[row, : len(ids)]
-    return positions, scores
+    return DenseSearch(d, index).search(q, depth)
 
 
 class BM25:
@@ -79,29 +162,52 @@ class BM25:
         return out
 
 
-def bm25_candidates(
-    queries: list[str], corpus: list[str], depth: int, pos_q: np.ndarray, pos_d: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """BM25 ``(positions, scores, positive scores)``."""
-    bm25 = BM25(corpus)
-    positions, scores = bm25.search(queries, depth)
-    return positions, scores, bm25.scores_of(queries, pos_q, pos_d)
+class CorpusSearch:
+    """The corpus side of mining, built once and asked per block of queries: a BM25 index (``bm25``, ``hybrid``)
+    and a :class:`DenseSearch` over the corpus vectors (``dense``, ``hybrid``)."""
+
+    def __init__(self, method: str, corpus: list[str], vectors: Vectors | None, index: str) -> None:
+        self.method, self.corpus, self.vectors, self.n_docs = method, corpus, vectors, len(corpus)
+        self.bm25 = BM25(corpus) if method != "dense" else None
+        self.dense = DenseSearch(vectors, index) if method != "bm25" and vectors is not None else None
+
+    def candidates(
+        self, queries: list[str], q: np.ndarray | None, depth: int, pos_q: np.ndarray, pos_d: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(positions, scores, positive scores)`` of a block of queries (``q``: their unit embeddings)
+        whose known positives are the pairs ``(pos_q[i], pos_d[i])``.
+
+        BM25 ranks and scores by BM25; dense by cosine; hybrid fuses the two rankings (:func:`fuse`) and scores
+        by cosine."""
+        if self.method == "bm25":
+            assert self.bm25 is not None
+            positions, scores = self.bm25.search(queries, depth)
+            return positions, scores, self.bm25.scores_of(queries, pos_q, pos_d)
+        assert self.dense is not None and self.vectors is not None and q is not None
+        positions, scores = self.dense.search(q, depth)
+        pos_scores = np.einsum("ij,ij->i", q[pos_q], self.vectors[pos_d])
+        if self.bm25 is not None:
+            bm25_positions, _ = self.bm25.search(queries, depth)
+            positions, scores = fuse(positions, bm25_positions, q, self.vectors, self.n_docs)
+        return positions, scores, pos_scores
 
 
-def hybrid_candidates(
-    queries: list[str], corpus: list[str], q: np.ndarray, d: np.ndarray, depth: int, index: str
+def fuse(
+    dense_pos: np.ndarray, bm25_pos: np.ndarray, q: np.ndarray, d: Vectors, n_docs: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Union of dense and BM25 top-``depth``, ordered by reciprocal-rank fusion; scores are dense cosines.
 
     Returns ``(positions (q, width), cosine scores)`` padded with -1 / -inf, ``width <= 2 * depth``.
     """
-    dense_pos, _ = dense_candidates(q, d, depth, index)
-    bm25_pos, _ = BM25(corpus).search(queries, depth)
-    n_q, n_docs = len(queries), len(corpus)
+    n_q, depth = dense_pos.shape
     ranks = np.arange(depth, dtype=np.float64)
     cand = np.concatenate([dense_pos, bm25_pos[:, :depth]], axis=1)
     rank = np.concatenate(
-        [np.broadcast_to(ranks, dense_pos.shape), np.broadcast_to(ranks, bm25_pos.shape)], 1
+        [
+            np.broadcast_to(ranks, dense_pos.shape),
+            np.broadcast_to(ranks[: bm25_pos.shape[1]], bm25_pos.shape),
+        ],
+        1,
     )
     rows = np.broadcast_to(np.arange(n_q)[:, None], cand.shape)
     ok = cand >= 0

@@ -110,11 +110,3 @@ def broadcast_from_main(value: T, model: object) -> T:
     if not is_sharded(model):
         return value
     return cast("T", all_gather_objects(value if is_main() else None)[0])  # rank 0 sent a T
-
-
-def share_rows(matrix: np.ndarray, rows: np.ndarray, model: object) -> None:
-    """Copy rank 0's ``matrix[rows]`` into the other ranks' ``matrix`` (a sharded corpus encoding that resumed
-    from blocks only rank 0 holds)."""
-    vectors = broadcast_from_main(np.asarray(matrix[rows]) if is_main() else None, model)
-    if not is_main():
-        matrix[rows] = vectors

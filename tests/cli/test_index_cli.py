@@ -103,7 +103,7 @@ def test_corpus_cache_is_reused_by_a_second_build(
 
     cache = tmp_path / "cache"
     assert main(_build(tmp_path, tiny_model_dir, "--corpus-cache", str(cache))) == 0
-    assert (cache / "embeddings.npy").exists()
+    assert (cache / "shards" / "00000.npy").exists()
 
     def no_encoding(self, *args, **kwargs):
         raise AssertionError("encoded again")

@@ -311,7 +311,9 @@ def test_corpus_cache_is_written_once_and_reused(tiny_encoder, tmp_path, monkeyp
         tiny_encoder, "encode", lambda texts, **kw: encoded.append(len(texts)) or encode(texts, **kw)
     )
     first = mine(tiny_encoder, _data(), config(), corpus_cache=tmp_path / "cache")
-    assert encoded == [len(DOCS), 2] and (tmp_path / "cache" / "embeddings.npy").exists()  # corpus, queries
+    assert (
+        encoded == [len(DOCS), 2] and (tmp_path / "cache" / "shards" / "00000.npy").exists()
+    )  # corpus, queries
     again = mine(tiny_encoder, _data(), config(), corpus_cache=tmp_path / "cache")
     # the second run encoded the queries only: the corpus came from the cache
     assert encoded == [len(DOCS), 2, 2]

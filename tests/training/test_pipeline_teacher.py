@@ -13,6 +13,7 @@ from embforge.cli import main
 from embforge.data.builtin import DATASETS
 from embforge.distill.projection import add_projection, fit_projection
 from embforge.encoder import Encoder
+from embforge.retrieval.corpus_cache import load_encoded
 from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
 from tests.conftest import STS_ROWS as PAIRS
 from tests.conftest import make_bert, make_tokenizer, requires_data
@@ -88,7 +89,7 @@ def test_a_teacher_task_projects_the_student_and_moves_it_toward_the_teacher(tmp
     assert len(entries) == 1
     teacher = Encoder.load(teacher_dir)
     texts = sorted({t for a, b, _ in PAIRS for t in (a, b)})
-    cached = np.load(entries[0] / "embeddings.npy")
+    cached = np.asarray(load_encoded(entries[0])[1])
     assert cached.shape == (16, 24)
     np.testing.assert_allclose(cached, teacher.encode(texts), atol=1e-5)
     # the projection started at the least-squares map (not at random), and training moved the student on from it

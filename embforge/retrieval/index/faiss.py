@@ -18,7 +18,8 @@ best ``refine``·k with the exact vectors. It needs no neighbourhood structure, 
 graphs and clusters cannot prune (near-uniform vectors, very high intrinsic dimension), and it builds in seconds.
 
 IVF and PQ indexes train their quantiser on the vectors of the first ``add`` (which should therefore be the bulk of the
-data, at least ``39 · nlist`` vectors for stable centroids; ``nlist`` is lowered to fit smaller data).
+data, at least ``39 · nlist`` vectors for stable centroids; ``nlist`` is lowered to fit smaller data), or on a sample
+given to :meth:`FaissIndex.train` first, so that a corpus can then be added a shard at a time.
 
 Example:
     >>> import numpy as np
@@ -75,7 +76,9 @@ class FaissIndex(InMemoryIndex):
         if kind in ("flat", "hnsw"):
             self.index = self._build(0)
 
-    def _build(self, n_train: int) -> Any:
+    def _build(self, n_train: int, total: int | None = None) -> Any:
+        """The FAISS index, its quantiser sized for ``total`` vectors (default ``n_train``) and ``n_train``
+        training vectors."""
         faiss, o = self.faiss, self.options
         ip = faiss.METRIC_INNER_PRODUCT
         if self.kind == "flat":
@@ -87,10 +90,13 @@ class FaissIndex(InMemoryIndex):
             return index
         if self.kind == "pq":
             o["pq_m"] = self._pq_m(2)
-            refined = faiss.IndexRefineFlat(faiss.IndexPQFastScan(self.dim, o["pq_m"], 4, ip))
+            fast_scan = faiss.IndexPQFastScan(self.dim, o["pq_m"], 4, ip)
+            if not o["refine"]:
+                return fast_scan
+            refined = faiss.IndexRefineFlat(fast_scan)
             refined.k_factor = float(o["refine"])
             return refined
-        nlist = int(o["nlist"] or max(1, round(4 * math.sqrt(n_train))))
+        nlist = int(o["nlist"] or max(1, round(4 * math.sqrt(total or n_train))))
         nlist = max(1, min(nlist, n_train // 39 or 1))
         o["nlist"] = nlist
         quantizer = faiss.IndexFlatIP(self.dim)
@@ -112,13 +118,21 @@ class FaissIndex(InMemoryIndex):
             raise ValueError(f"FAISS {self.kind}: pq_m={pq_m} must divide the dimension {self.dim}")
         return pq_m
 
+    def train(self, sample: np.ndarray, *, total: int) -> None:
+        """Train an IVF or PQ quantiser on ``sample`` (vectors drawn from the data) for an index that will hold
+        ``total`` vectors, before the first :meth:`add`; then the data can be added in blocks of any size."""
+        if self.index is not None:
+            raise ValueError(f"FAISS {self.kind} index: already built; train it before the first add")
+        array = check_queries(sample, self.dim, 1)
+        self.index = self._build(len(array), total)
+        self.index.train(array)
+
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         array = check_vectors(ids, vectors, self.dim, self._positions)
         if self.index is None:
             if not len(array):
                 return
-            self.index = self._build(len(array))
-            self.index.train(array)
+            self.train(array, total=len(array))
         self.index.add(array)
         for i in ids:
             self._positions[i] = len(self.ids)
@@ -204,3 +218,18 @@ class FaissIndex(InMemoryIndex):
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+def codes_index(kind: str, dim: int, sample: np.ndarray, *, total: int, **options: Any) -> tuple[Any, float]:
+    """A bare FAISS ``ivfpq`` or ``pq`` index trained on ``sample`` for ``total`` vectors, holding codes only
+    (no exact vectors inside: ``IndexRefineFlat`` would keep the whole float matrix in memory), and the re-ranking
+    factor its options ask for. Its ids are the added vectors' positions; the caller adds the data in blocks and
+    re-ranks ``refine · k`` candidates with the exact vectors read from where they are stored
+    (:func:`embforge.retrieval.search.dense_candidates`)."""
+    if kind not in ("ivfpq", "pq"):
+        raise ValueError(f"a codes-only index is 'ivfpq' or 'pq', got {kind!r}")
+    index = FaissIndex(dim, kind=kind, **options)
+    refine = float(index.options["refine"] or 1)
+    index.options["refine"] = 0
+    index.train(sample, total=total)
+    return index.index, refine
