@@ -268,3 +268,38 @@ def resume_decision(folder: str, out: str) -> None:
         (checkpoints / LATEST).write_text("checkpoint-3\n")
         found = start_run(checkpoints, resume=True)
     Path(out, f"rank-{rank()}.txt").write_text(found.name if found is not None else "none")
+
+
+def streamed_rows(path: str, model_dir: str, out: str, gather: bool) -> None:
+    """Train one epoch on a streamed JSONL file (64-row windows) and write the stream lines this rank fetched (the
+    rows it tokenised) to ``out/rank-<r>.json``, one list per fetch."""
+    import json
+
+    from embforge.data.sources import LINE, SourceOptions, StreamSource, open_source
+    from embforge.encoder import Encoder
+    from embforge.losses import get_loss
+    from embforge.training.config import TrainConfig
+    from embforge.training.distributed import rank
+    from embforge.training.loop import train
+    from embforge.training.tasks import Task
+
+    class RecordingStream(StreamSource):
+        """The stream itself; ``take`` (the trainer's fetch of a batch's rows) also notes the rows' lines."""
+
+        fetched: list[list[int]]
+
+        def take(self, positions: Any) -> dict[str, list]:
+            rows = super().take(positions)
+            self.fetched.append(list(rows[LINE]))
+            return rows
+
+    source = open_source(path, SourceOptions(mode="stream", window=64))
+    source.__class__ = RecordingStream
+    source.fetched = []
+    config = TrainConfig(
+        output=os.path.join(out, "model"), max_steps=19, batch_size=16, shuffle_window=64, save_every=0,
+        quiet=True, gather_negatives=gather,
+    )  # fmt: skip
+    train(Encoder.load(model_dir), [Task("pairs", source, get_loss("infonce"))], config)
+    with open(os.path.join(out, f"rank-{rank()}.json"), "w") as handle:
+        json.dump(source.fetched, handle)

@@ -17,6 +17,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.retrieval.corpus_cache import CorpusEmbeddings, Vectors, encode_texts, unit_rows
+from embforge.retrieval.index.base import VectorIndex
 from embforge.retrieval.index.exact import topk_inner_product
 from embforge.retrieval.index.faiss import FaissIndex, codes_index
 from embforge.retrieval.index.registry import create_index
@@ -64,7 +65,7 @@ class DenseSearch:
     def __init__(self, vectors: Vectors, index: str) -> None:
         self.vectors, self.kind = vectors, index
         self.codes: Any = None
-        self.index: Any = None
+        self.index: VectorIndex | None = None
         if index == "exact":
             return
         dim = int(vectors.shape[1])
@@ -118,6 +119,7 @@ class DenseSearch:
         return positions, scores
 
     def _index_search(self, q: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        assert self.index is not None
         found_scores, found_ids = self.index.search(q, depth)
         positions = np.full((len(q), depth), -1, dtype=np.int64)
         scores = np.full((len(q), depth), -np.inf)

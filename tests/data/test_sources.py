@@ -148,6 +148,32 @@ def test_two_ranks_see_disjoint_rows_whose_union_is_the_epoch(pairs):
     assert rank_rows((5,), rank=1, world=2) == ()  # a rank past a short batch's end reads nothing
 
 
+def test_two_torchrun_ranks_see_disjoint_rows_whose_union_is_the_epoch(tmp_path, tiny_model_dir):
+    """Two gloo processes train one epoch on a stream, each opening and reading it itself: the rows each rank
+    fetches and tokenises (``gather_negatives=False``: each rank's loss is its own rows') are disjoint and together
+    the epoch; with the gathered global loss (the default) both fetch each batch, and each embeds its share."""
+    from tests.distributed_helpers import spawn, streamed_rows
+
+    rows = [
+        {"anchor": f"{r['anchor']} {i}", "positive": f"{r['positive']} {i}"}
+        for i, r in enumerate(pair_rows(304))
+    ]
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)  # distinct texts: 19 full batches of 16, none deferred
+    for gather in (False, True):
+        out = tmp_path / f"gather-{gather}"
+        out.mkdir()
+        spawn(streamed_rows, str(path), str(tiny_model_dir), str(out), gather, world=2)
+        fetched = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        assert len(fetched[0]) == len(fetched[1]) == 19  # the same plan in both processes: one fetch a step
+        lines = [[line for rows in batches for line in rows] for batches in fetched]
+        if gather:
+            assert fetched[0] == fetched[1] and sorted(lines[0]) == list(range(1, 305))
+        else:
+            assert not set(lines[0]) & set(lines[1])
+            assert sorted(lines[0] + lines[1]) == list(range(1, 305))  # stream lines are 1-based
+            assert all(len(rows) == 8 for batches in fetched for rows in batches)  # half of each batch
+
+
 def test_a_bad_row_deep_in_a_stream_stops_training_there_with_its_line(tmp_path, tiny_model_dir):
     rows = pair_rows(3000)
     rows[2500]["positive"] = "   "  # line 2501
