@@ -58,7 +58,7 @@ def teacher_embeddings(
 
     Each (teacher weights, texts) pair gets its own sub-folder ``cache_dir/<key>`` (an
     :func:`~embforge.retrieval.corpus_cache.encode_corpus` folder, resumable if interrupted); an existing
-    complete entry is memory-mapped, not recomputed.
+    complete entry is read from its shards, not recomputed.
     """
     texts = list(texts)
     if cache_dir is None:
