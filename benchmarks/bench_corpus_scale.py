@@ -14,7 +14,7 @@ the index filled a shard at a time, queries mined in blocks of 4,096:
 
 Reported per run: peak RSS of the process (``wait4``), its RSS after the imports, and the mining seconds. Usage::
 
-    python benchmarks/bench_corpus_scale.py --sizes 100000,1000000
+    python benchmarks/bench_corpus_scale.py --sizes 100000,1000000 [--dim 64 --queries 1000 --sample 16384]
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ def child(args: argparse.Namespace) -> None:
     """One mining run in its own process; prints a JSON line."""
     import numpy as np
 
+    from embforge.retrieval import search
     from embforge.retrieval.corpus_cache import load_encoded
     from embforge.retrieval.mining import MiningConfig, mine_positions
+
+    search.SAMPLE_ROWS = args.sample  # the vectors the quantiser is trained on (a fixed number at any size)
 
     imported_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _, emb = load_encoded(args.folder)
@@ -84,7 +87,7 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(folder: Path, mode: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", "--mode", mode, "--folder", str(folder)]
-    command += ["--queries", str(args.queries), "--index", args.index]
+    command += ["--queries", str(args.queries), "--index", args.index, "--sample", str(args.sample)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     out = process.stdout.read() if process.stdout else ""
     _, status, usage = os.wait4(process.pid, 0)
@@ -104,6 +107,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument(
         "--index", default="ivfpq", help="exact, ivfpq, pq, ... (see embforge.retrieval.index)"
+    )
+    parser.add_argument(
+        "--sample", type=int, default=65_536, help="vectors the IVF/PQ quantiser is trained on"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
