@@ -238,9 +238,10 @@ def encode_corpus(
         rows = np.concatenate(
             [np.arange(n * block_size, min((n + 1) * block_size, len(texts))) for n in resumed]
         )
-        vectors = broadcast_from_main(shards.take(rows) if matrix is None else None, model)
-        if matrix is not None:
-            matrix[rows] = vectors
+        sent: np.ndarray | None = shards.take(rows) if matrix is None else None
+        shared = broadcast_from_main(sent, model)
+        if matrix is not None and shared is not None:
+            matrix[rows] = shared
     return shards if matrix is None else matrix
 
 

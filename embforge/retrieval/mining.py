@@ -154,6 +154,7 @@ def mine_positions(
     if dense and (query_emb is None or doc_emb is None) and model is None:
         raise ValueError(f"{config.method} mining needs a model or precomputed embeddings")
     if dense and doc_emb is None:
+        assert model is not None  # checked above
         doc_emb = embed(model, corpus, config)
     search = CorpusSearch(config.method, corpus, _float32(doc_emb), config.index)
     depth = _depth(config, positives, len(corpus), rescored=rescorer is not None)
@@ -161,9 +162,11 @@ def mine_positions(
     for number, start in enumerate(range(0, n_q, config.query_block)):
         end = start + config.query_block
         q = None
-        if dense:
-            q = embed(model, query_texts[start:end], config) if query_emb is None else query_emb[start:end]
-            q = np.ascontiguousarray(q, dtype=np.float32)
+        if dense and query_emb is None:
+            assert model is not None  # checked above
+            q = embed(model, query_texts[start:end], config)
+        elif dense and query_emb is not None:
+            q = np.ascontiguousarray(query_emb[start:end], dtype=np.float32)
         block = _Block(query_texts[start:end], positives[start:end], q, config.seed + number)
         parts.append(_mine_block(search, block, config, depth, rescorer))
     stats: dict[str, int] = {}
