@@ -193,7 +193,7 @@ def base_state_dict(wrapped: PeftModel) -> dict[str, Tensor]:
     return out
 
 
-def save_backbone(module: Any, path: str | os.PathLike) -> Path:
+def save_backbone(module: nn.Module, path: str | os.PathLike) -> Path:
     """``save_pretrained`` of a Hugging Face module into the folder ``path`` (created; returned as a ``Path``),
     without the "Writing model shards" bar; an adapted module writes its base weights there and its adapter to
     ``path/adapter`` (a stale ``adapter/`` from an earlier save is removed)."""

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from embforge.protocols import Embedder
+    from embforge.protocols import Embedder, PairScorer
 
 API_KEY_ENV = "EMBFORGE_API_KEY"
 
@@ -38,7 +38,9 @@ def load_encoder(
     return load_embedder(model, backend=backend, threads=threads, calibration=calibration, streams=streams)
 
 
-def load_reranker(model: str, *, backend: str = "torch", threads: int | None = None, streams: int = 1) -> Any:
+def load_reranker(
+    model: str, *, backend: str = "torch", threads: int | None = None, streams: int = 1
+) -> PairScorer:
     """A cross-encoder on ``backend`` (:func:`embforge.onnx.backends.load_scorer`): PyTorch, or an ONNX
     Runtime / OpenVINO runtime of its export (made on the fly and cached; an export folder is loaded as it is)."""
     from embforge.onnx.backends import load_scorer

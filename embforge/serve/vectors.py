@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -187,7 +187,7 @@ def _saved(folder: Path, rows: Rows, *, storage: Path) -> tuple[VectorIndex, int
 
 
 def load_vectors(
-    folder: Path | None, rows: Rows, *, kind: str, dim: int, options: dict[str, Any]
+    folder: Path | None, rows: Rows, *, kind: str, dim: int, options: Mapping[str, object]
 ) -> StoreIndex:
     """The index of a store's rows: the saved one when it matches them (not for ``exact``), caught up with the
     rows added after it; or a new one built from all the rows."""
