@@ -44,7 +44,7 @@ from embforge.modeling.lora import uses_adapters
 from embforge.modeling.padding import plan_groups
 
 
-def supports_packing(backbone: Any) -> bool:
+def supports_packing(backbone: object) -> bool:
     """Whether ``backbone`` is an encoder-only ``BertModel`` whose layers :func:`packed_hidden` can drive."""
     config = getattr(backbone, "config", None)
     return (

@@ -40,6 +40,9 @@ from embforge.modeling.st_folder import (
 )
 
 if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
     from embforge.multivector.model import MultiVectorEncoder
 
 PYLATE_DENSE = "pylate.models.Dense.Dense"
@@ -76,8 +79,8 @@ class ColBERTSettings:
 class ColBERTParts:
     """What a ColBERT folder holds, ready for :class:`~embforge.multivector.model.MultiVectorEncoder`."""
 
-    backbone: Any
-    tokenizer: Any
+    backbone: nn.Module
+    tokenizer: PreTrainedTokenizerBase
     projection: Dense
     settings: ColBERTSettings
     prompts: dict[str, str]
@@ -132,7 +135,7 @@ def _hidden_size(backbone: Any) -> int:
     return int(backbone.config.hidden_size)
 
 
-def _add_markers(backbone: Any, tokenizer: Any, settings: ColBERTSettings) -> None:
+def _add_markers(backbone: Any, tokenizer: PreTrainedTokenizerBase, settings: ColBERTSettings) -> None:
     """Add the query/document marker tokens to the vocabulary and grow the embedding matrix to match."""
     tokenizer.add_tokens([settings.query_prefix, settings.document_prefix])
     backbone.resize_token_embeddings(len(tokenizer))

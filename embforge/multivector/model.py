@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
@@ -55,8 +55,8 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
 
     def __init__(
         self,
-        backbone: Any,
-        tokenizer: Any,
+        backbone: nn.Module,
+        tokenizer: Any,  # a fast tokenizer (its token lookups read back as lists of ids)
         projection: Dense,
         *,
         settings: ColBERTSettings | None = None,
