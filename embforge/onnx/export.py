@@ -178,7 +178,7 @@ def export_onnx(
     min_cosine: float = 0.9999,
     max_score_diff: float = 1e-3,
     calibration: Sequence[str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Export ``model`` (a folder or alias) to ``output`` and check the graph against PyTorch.
 
     Args:
@@ -232,7 +232,7 @@ def export_onnx(
     return {"output": str(out), **meta}
 
 
-def _save_calibration(out: Path, texts: Sequence[str], *, source: str) -> dict[str, Any]:
+def _save_calibration(out: Path, texts: Sequence[str], *, source: str) -> dict[str, object]:
     """Calibration ranges of the exported fp32 graph's embeddings on ``texts``, written beside the graph."""
     ranges = calibrate(OnnxEncoder.load(out / FP32_FILE), list(texts))
     path = write_ranges(out, ranges, texts=len(texts), source=source)
@@ -266,7 +266,7 @@ def _export_bi_encoder(
     dim: int | None,
     parity_texts: Sequence[str] | None,
     min_cosine: float,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     encoder = Encoder.load(source)
 
     fingerprint = model_fingerprint(encoder)  # an index built by the source model accepts the export
@@ -283,7 +283,7 @@ def _export_bi_encoder(
     files = _write_graphs(
         graph, (batch, mask), out, inputs, "sentence_embedding", encoder.tokenizer, quantize
     )
-    meta: dict[str, Any] = {
+    meta: dict[str, object] = {
         "format": 1,
         "kind": "bi-encoder",
         "files": files,
@@ -303,7 +303,7 @@ def _export_bi_encoder(
     texts = list(parity_texts or PARITY_SENTENCES)
     reference = encoder.encode(texts, batch_size=8, dim=dim)
     fp32 = OnnxEncoder.load(out / FP32_FILE).encode(texts, batch_size=8)
-    parity: dict[str, Any] = {"sentences": len(texts), "fp32_min_cosine": _min_cosine(reference, fp32)}
+    parity: dict[str, float] = {"sentences": len(texts), "fp32_min_cosine": _min_cosine(reference, fp32)}
     parity["fp32_max_abs_diff"] = float(np.abs(reference - fp32).max())
     if quantize == "int8":
         int8 = OnnxEncoder.load(out / INT8_FILE).encode(texts, batch_size=8)
@@ -328,7 +328,7 @@ def _export_cross_encoder(
     quantize: str | None,
     parity_texts: Sequence[str] | None,
     max_score_diff: float,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     ce = CrossEncoder.load(source)
     if uses_adapters(ce.model):  # a LoRA folder: the graph gets the merged weights
         merge_lora(ce)
@@ -343,7 +343,7 @@ def _export_cross_encoder(
     args = (enc["input_ids"], enc["attention_mask"], token_types)
     inputs = ["input_ids", "attention_mask", "token_type_ids"]
     files = _write_graphs(CrossEncoderGraph(ce.model), args, out, inputs, "logits", ce.tokenizer, quantize)
-    meta: dict[str, Any] = {
+    meta: dict[str, object] = {
         "format": 1,
         "kind": "cross-encoder",
         "files": files,
@@ -363,10 +363,11 @@ def _export_cross_encoder(
     reference = ce.predict(pairs, activation=False)
     scores = OnnxCrossEncoder.load(out / FP32_FILE).predict(pairs, batch_size=4, activation=False)
     diff = float(np.abs(reference - scores).max())
-    meta["parity"] = {"pairs": len(pairs), "fp32_max_abs_diff": diff}
+    parity: dict[str, float] = {"pairs": len(pairs), "fp32_max_abs_diff": diff}
+    meta["parity"] = parity
     if quantize == "int8":
         q_scores = OnnxCrossEncoder.load(out / INT8_FILE).predict(pairs, batch_size=4, activation=False)
-        meta["parity"]["int8_max_abs_diff"] = float(np.abs(reference - q_scores).max())
+        parity["int8_max_abs_diff"] = float(np.abs(reference - q_scores).max())
     if diff > max_score_diff:
         raise ExportParityError(
             f"{out / FP32_FILE}: parity check failed: ONNX scores differ from PyTorch by up to {diff:.2e} "
