@@ -22,6 +22,8 @@ from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError
 
 if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
+    from embforge.onnx.runtime import OnnxCrossEncoder
     from embforge.protocols import PairScorer
 
 EMBEDDING = "embedding"
@@ -97,7 +99,7 @@ class ModelSet:
     def __init__(
         self,
         embedders: Mapping[str, Any],
-        rerankers: Mapping[str, Any],
+        rerankers: Mapping[str, PairScorer],
         config: ServeConfig,
         *,
         ranges: Mapping[str, np.ndarray | None] | None = None,
@@ -198,7 +200,7 @@ def _saved_ranges(model: object) -> np.ndarray | None:
         return None
 
 
-def pair_costs(model: Any, query: str, docs: Sequence[str]) -> list[int]:
+def pair_costs(model: CrossEncoder | OnnxCrossEncoder, query: str, docs: Sequence[str]) -> list[int]:
     """Token counts of ``(query, doc)`` pairs as the cross-encoder's tokenizer cuts them (the batching cost)."""
     enc = model.tokenizer(
         [query] * len(docs),

@@ -171,7 +171,7 @@ def _load_rerankers(
     backend: str,
     threads: int | None,
     streams: int,
-) -> dict[str, Any]:
+) -> dict[str, PairScorer]:
     """``{name: reranker}``; one unnamed reranker is reported under ``cfg.reranker_name`` when set."""
     scorers = {
         name: load_reranker(path, backend=backend, threads=threads, streams=streams)
