@@ -68,7 +68,7 @@ class EmbeddingRequest(BaseModel):
 
 class RerankRequest(BaseModel):
     query: str
-    documents: list[str | dict[str, Any]] | None = None
+    documents: list[str | dict[str, object]] | None = None
     texts: list[str] | None = None
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = False
@@ -89,7 +89,7 @@ class SearchRequest(BaseModel):
 class Document(BaseModel):
     id: str = Field(min_length=1)
     text: str
-    fields: dict[str, Any] = Field(default_factory=dict)
+    fields: dict[str, object] = Field(default_factory=dict)
 
 
 class AddDocumentsRequest(BaseModel):
@@ -280,7 +280,7 @@ class _Server:
         served = self.models.reranker(body.model)
         _check_body(body)
         field = "documents" if body.documents is not None else "texts"
-        raw: list[Any] = body.documents if body.documents is not None else (body.texts or [])
+        raw: Sequence[object] = body.documents if body.documents is not None else (body.texts or [])
         docs = []
         for i, doc in enumerate(raw):
             text = doc.get("text") if isinstance(doc, dict) else doc

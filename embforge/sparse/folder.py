@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -52,9 +52,15 @@ QUERY_DIR, DOCUMENT_DIR, POOLING_DIR = (
 )
 
 
-def _layout(root: Path) -> dict[str, Any]:
+class _Layout(TypedDict):
+    document: Path  # the MLM encoder's folder
+    query: Path | None  # the query table's (inference-free models)
+    pooling: dict[str, Any]  # SpladePooling's config.json
+
+
+def _layout(root: Path) -> _Layout:
     """Where the MLM encoder, pooling settings and query table of a folder are."""
-    found: dict[str, Any] = {"document": root, "query": None, "pooling": {}}
+    found: _Layout = {"document": root, "query": None, "pooling": {}}
     if not has_modules(root):
         return found
     modules = [(module_kind(module_type), sub) for module_type, _, sub in read_modules(root)]
