@@ -137,15 +137,14 @@ def child(args: argparse.Namespace) -> None:
     )
     times: dict[int, float] = {}
     if args.data_only:  # the input path alone: plan, read and tokenise each batch, no model step
-        from embforge.training.loop import _prepare
-        from embforge.training.sampling import TaskPlan
+        from embforge.training.feed import Feed
+        from embforge.training.state import Progress
 
-        prepared, plan_inputs = _prepare(model, [Task("pairs", source, get_loss("infonce"))], config)
-        plan = TaskPlan(batch_size=32, seed=0, epoch=0, **plan_inputs)
-        progress = {"position": 0}
+        feed = Feed.build(model, [Task("pairs", source, get_loss("infonce"))], config)
+        progress = Progress()
         for step in range(1, 2 + args.steps):
-            rows = plan.take(progress, [1.0]).rows
-            prepared[0].inputs(rows)
+            task, batch = feed.take(progress, [1.0])
+            task.inputs(batch.rows)
             times[step] = time.time()
     else:
         task = Task("pairs", source, get_loss("infonce"))

@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from embforge.files import append_jsonl, atomic_dir, write_text_atomic
 from embforge.training.distributed import all_gather_objects
 from embforge.training.rng import rng_state, set_rng_state
+from embforge.training.state import Progress
 
 __all__ = [
     "LATEST",
@@ -111,7 +112,7 @@ def save_checkpoint(
     model: Any,
     losses: torch.nn.ModuleList,
     trainer: Mapping[str, Any],
-    progress: dict[str, Any],
+    progress: Progress,
     keep: int = 1,
 ) -> Path:
     """Write ``folder/checkpoint-<step>`` atomically with its manifest, point ``latest`` at it, prune.
@@ -123,15 +124,17 @@ def save_checkpoint(
         trainer: The training objects with a ``state_dict`` by name (``optimizer``, ``scheduler``, ``scaler``:
             the fp16 gradient scaler, disabled ones too); their states go into ``trainer_state.pt`` under those
             names, with the RNG state under ``rng``.
-        progress: The trainer's progress (``step`` at least). A ``run_id`` is added on the first save of a run
-            (``run.json``'s when :func:`start_run` wrote one, else a new id) and travels with it through resumes:
-            it is what tells this run's checkpoints from an earlier run's.
+        progress: The trainer's progress, written as ``progress.json``. Its ``run_id`` is set on the first save
+            of a run (``run.json``'s when :func:`start_run` wrote one, else a new id) and travels with it through
+            resumes: it is what tells this run's checkpoints from an earlier run's.
         keep: How many of this run's checkpoints to keep (the newest); ``keep < 1`` keeps them all.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    run_id = progress.setdefault("run_id", _run_id(folder / RUN_FILE) or uuid.uuid4().hex)
-    name = f"checkpoint-{progress['step']}"
+    if progress.run_id is None:
+        progress.run_id = _run_id(folder / RUN_FILE) or uuid.uuid4().hex
+    run_id = progress.run_id
+    name = f"checkpoint-{progress.step}"
 
     def write(tmp: Path) -> None:
         model.save(tmp / "model")
@@ -139,8 +142,8 @@ def save_checkpoint(
         save_file(loss_state, str(tmp / "losses.safetensors"))
         states = {name: part.state_dict() for name, part in trainer.items()}
         torch.save({**states, "rng": rng_state()}, tmp / "trainer_state.pt")
-        (tmp / "progress.json").write_text(json.dumps(progress, indent=2) + "\n", encoding="utf-8")
-        _write_manifest(tmp, run_id=run_id, step=int(progress["step"]))
+        (tmp / "progress.json").write_text(json.dumps(progress.to_dict(), indent=2) + "\n", encoding="utf-8")
+        _write_manifest(tmp, run_id=run_id, step=progress.step)
 
     atomic_dir(folder / name, write)
     write_text_atomic(folder / LATEST, name + "\n")
@@ -338,7 +341,7 @@ def _readable(file: Path, read: Any) -> Any:
         ) from err
 
 
-def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
+def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Progress]:
     """Verify a checkpoint (:func:`verify_checkpoint`), then read its trainer state (no unpickling of arbitrary
     objects), loss weights and progress.
 
@@ -360,7 +363,7 @@ def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tens
             f"{path / 'trainer_state.pt'}: has no {', '.join(missing)}; not a trainer state"
         )
     losses = _readable(path / "losses.safetensors", lambda f: load_file(str(f)))
-    progress = read_progress(path)
+    progress = Progress.from_dict(read_progress(path))
     _check_finite(path, state=state, losses=losses)
     return state, losses, progress
 

@@ -1,104 +1,45 @@
-"""The training loop: tasks -> batches -> embeddings -> loss -> optimiser step, with eval and atomic checkpoints.
+"""The training loop: tasks -> batches -> embeddings -> loss -> backward -> optimiser step, then log/eval/save.
 
-Read :func:`train` top to bottom: mixed precision, gradient accumulation, clipping, evaluation, checkpointing
-and resuming are plain lines in one loop.
+Read :func:`train` top to bottom, as one would nanoGPT's: the set-up (:mod:`embforge.training.trainer`), then a
+loop whose body takes a batch, runs :func:`micro_step` (embed, loss, backward) for each accumulated micro-batch,
+steps the optimiser (fp16 unscaling, clipping, the schedule) and hands logging, evaluation, negative refresh and
+checkpoints to :func:`after_step`. The loop's state is two dataclasses: the :class:`~embforge.training.state.
+Progress` a checkpoint saves and the :class:`~embforge.training.trainer.Trainer` it steps.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor
 from tqdm.auto import tqdm
 
-from embforge.data.sources import plan_window, row_count, window_counter
 from embforge.files import append_jsonl
 from embforge.modeling.lora import merge_lora, uses_adapters
-from embforge.modeling.precision import amp_dtype
-from embforge.training.artifacts import clear_finished, finalize_run, mark_finished, resume_finished
-from embforge.training.averaging import weight_average
-from embforge.training.checkpoints import (
-    atomic_dir,
-    load_trainer_state,
-    save_checkpoint,
-    set_rng_state,
-    start_run,
-)
-from embforge.training.config import TrainConfig, planned_steps, primary_metric
-from embforge.training.distributed import DataParallel, barrier, init_from_env, is_main, rank_device
+from embforge.training.artifacts import finalize_run, mark_finished, resume_finished
+from embforge.training.checkpoints import atomic_dir, save_checkpoint
+from embforge.training.config import TrainConfig, primary_metric
+from embforge.training.distributed import barrier
+from embforge.training.feed import Feed
 from embforge.training.model_card import task_info, write_model_card
-from embforge.training.sampling import TaskPlan, TextKeys, uses_in_batch_negatives
-from embforge.training.step import cached_step
-from embforge.training.tasks import PreparedTask, Task, prepare
-from embforge.training.weighting import DynamicWeights
+from embforge.training.state import Best, Progress
+from embforge.training.step import BatchView, Forward, cached_step
+from embforge.training.tasks import Task
+from embforge.training.trainer import Trainer, resolve_device, seed_everything, set_up, start
+
+__all__ = ["Evaluator", "TrainConfig", "micro_step", "resolve_device", "seed_everything", "train"]
 
 Evaluator = Callable[[Any], dict[str, float]]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict[str, Any]]:
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for module in modules:
-        for name, param in module.named_parameters():
-            if not param.requires_grad:
-                continue
-            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
-    """AdamW with the fused (one kernel for all parameters) update where this torch has it: 7x faster on CPU."""
-    try:
-        return torch.optim.AdamW(groups, lr=lr, fused=True)
-    except (RuntimeError, TypeError, ValueError):  # torch < 2.4 on CPU, or a device without a fused kernel
-        return torch.optim.AdamW(groups, lr=lr)
-
-
-def _linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
-
-    return factor
-
-
-def _prepare(model: Any, tasks: list[Task], config: TrainConfig) -> tuple[list[PreparedTask], dict[str, Any]]:
-    """Ready the tasks (rows are read and tokenised per batch) and what the batch plan reads from them: sizes,
-    windows (streams), lengths, distinct-text keys — the last two a window at a time."""
-    prepared = [prepare(task, model) for task in tasks]
-    plan_inputs = {
-        "sizes": [row_count(t.data) for t in tasks],
-        "windows": [plan_window(t.data, config.shuffle_window or None) for t in tasks],
-        "counts": [window_counter(t.data) for t in tasks],
-        "lengths": [p.lengths for p in prepared] if config.group_by_length else None,
-        # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
-        "distinct": [
-            TextKeys(t.data, t.data.text_columns) if uses_in_batch_negatives(t.loss) else None for t in tasks
-        ],
-    }
-    return prepared, plan_inputs
+Refresher = Callable[[int, Any], list[Task] | None]
 
 
 def train(
@@ -108,7 +49,7 @@ def train(
     *,
     evaluator: Evaluator | None = None,
     on_step: Callable[[int], None] | None = None,
-    refresher: Callable[[int, Any], list[Task] | None] | None = None,
+    refresher: Refresher | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``model`` on ``tasks``; write checkpoints, metrics and the final model to ``config.output``.
 
@@ -122,261 +63,253 @@ def train(
         on_step: Called with the step number after every optimiser step.
         refresher: Called as ``refresher(step, model)`` after every optimiser step; when it returns tasks (the
             same number, the same rows, new texts — e.g. refreshed hard negatives, see
-            :class:`embforge.training.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on; the step is
-            saved in checkpoints as ``progress["refreshed_at"]``, so that on resume the caller can pass the tasks
-            that were in use (:meth:`~embforge.training.refresh.NegativeRefresher.resume`). Its ``close()``, if any, is
-            called when training ends.
+            :class:`embforge.training.refresh.NegativeRefresher`) they replace ``tasks`` from the next step on; the
+            step is saved in checkpoints as the progress's ``refreshed_at``, so that on resume the caller can pass
+            the tasks that were in use (:meth:`~embforge.training.refresh.NegativeRefresher.resume`). Its
+            ``close()``, if any, is called when training ends.
 
     Returns:
         A summary: steps, seconds, training pairs/s, final and best metrics.
     """
-    out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
-    world = init_from_env()  # under torchrun: join the process group (training/distributed.py)
-    device = rank_device(resolve_device(config.device))
-    main = is_main()  # rank 0 writes metrics, checkpoints and models
-    if world > 1 and refresher is not None:
+    Path(config.output).mkdir(parents=True, exist_ok=True)
+    hooks = Hooks(evaluator, on_step, refresher)
+    trainer, feed = set_up(
+        model, tasks, config
+    )  # device, seed, tasks, optimiser, schedule (training/trainer.py)
+    if trainer.world > 1 and refresher is not None:
         raise ValueError("negative refresh during training does not run under torchrun yet; train without it")
-    seed_everything(config.seed)
-    model.to(device)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing(True)
-    losses = nn.ModuleList([t.loss for t in tasks]).to(device)
-    prepared, plan_inputs = _prepare(model, tasks, config)
-    weights = [t.weight for t in tasks]
-    dynamic = (
-        DynamicWeights(
-            weights,
-            every=config.dynamic_weights_every,
-            smoothing=config.dynamic_weights_smoothing,
-            relative=config.dynamic_weights_relative,
-            names=[t.name for t in tasks],
-        )
-        if config.dynamic_weights_every
-        else None
-    )
-
-    def plan_for(epoch: int) -> TaskPlan:
-        return TaskPlan(
-            batch_size=config.batch_size,
-            seed=config.seed,
-            epoch=epoch,
-            strategy=config.sampling,
-            alpha=config.sampling_alpha,
-            **plan_inputs,
-        )
-
-    total_steps = planned_steps(plan_inputs["sizes"], config)
-    if config.resume:  # a finished run: nothing to do (artifacts.py)
-        done = resume_finished(out, total_steps, keep_training_state=config.keep_training_state, main=main)
-        if done is not None:
-            getattr(refresher, "close", lambda: None)()  # a background refresh it may have started
-            return done
-    elif main:
-        clear_finished(out)
-    optimizer = _adamw(_param_groups([model, losses], config.weight_decay), config.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _linear_schedule(int(config.warmup_ratio * total_steps), total_steps)
-    )
-    dtype = amp_dtype(config.amp, device)
-    # padded tokens per attention block / padded chunk; None: the model's defaults (modeling/padding.py)
-    chunk_tokens = config.chunk_tokens
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    # what a checkpoint saves and a resume restores, by name
-    trainer: dict[str, Any] = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-    # EMA or a soup of the last k checkpoints (training/averaging.py); None unless the config asks for one
-    average = weight_average(config, total_steps)
-    if average is not None:
-        trainer["averaging"] = average  # checkpointed and restored with the optimiser
-
-    def backward(loss: torch.Tensor) -> None:  # fp16 loss scaling, and the mean over accumulated micro-steps
-        scaler.scale(loss / config.grad_accum).backward()
-
-    progress: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "best": None, "pairs": 0}
-
-    checkpoints = out / "checkpoints"
-    resume_from = start_run(checkpoints, resume=config.resume, log=out / "metrics.jsonl" if main else None)
-    if resume_from is not None:
-        state, loss_state, progress = load_trainer_state(resume_from)
-        model.load_state_dict(type(model).load(resume_from / "model").state_dict())
-        losses.load_state_dict(loss_state)
-        for name, part in trainer.items():
-            part.load_state_dict(state[name])
-        set_rng_state(state["rng"])
-        if main:
-            _log(out, {"event": "resume", "from": resume_from.name, **progress})
-    if dynamic is not None and "dynamic_weights" in progress:
-        dynamic.load_state_dict(progress["dynamic_weights"])
-
-    # torchrun: the model in DDP, every rank computing its part of each batch (training/distributed.py)
-    parallel = DataParallel(model, gather=config.gather_negatives) if world > 1 else None
-    plan = plan_for(progress["epoch"])
-    metrics_file = out / "metrics.jsonl" if main else Path(os.devnull)  # the other ranks log nowhere
-    bar = tqdm(total=total_steps, initial=progress["step"], disable=config.quiet or not main, desc="train")
-    running, started, step_pairs = [], time.perf_counter(), 0
-    task_running: dict[str, list[float]] = {}
-    last_metrics: dict[str, float] = {}
+    if config.resume and (done := _finished_run(trainer)) is not None:  # a finished run: nothing to do
+        hooks.close()  # a background refresh it may have started
+        return done
+    progress = start(trainer)  # step 0, or every piece of state from the last checkpoint
+    meter = Meter.open(trainer, progress)
     model.train()
-    while progress["step"] < total_steps:
-        optimizer.zero_grad(set_to_none=True)
+    while progress.step < trainer.total_steps:
+        trainer.optimizer.zero_grad(set_to_none=True)
         for micro in range(config.grad_accum):
-            if progress["position"] >= len(plan):
-                progress["epoch"] += 1
-                progress["position"] = 0
-                progress["cursors"] = [0] * len(tasks)
-                plan = plan_for(progress["epoch"])
-            batch = plan.take(progress, dynamic.weights if dynamic is not None else weights)
-            task, rows = prepared[batch.task], batch.rows
-            seed = int(
-                torch.randint(0, 2**62, ()).item()
-            )  # this micro-step's dropout masks (modeling/dropout.py)
-            net: Any = model
-            if parallel is not None:  # this rank's part of the batch; DDP syncs in the last micro-step
-                net, task, rows = parallel.shard(task, rows, sync=micro == config.grad_accum - 1)
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                if (
-                    config.mini_batch_size
-                ):  # GradCache (training/step.py): same loss and gradients, less memory
-                    loss = cached_step(
-                        net,
-                        task,
-                        rows,
-                        mini_batch_size=config.mini_batch_size,
-                        max_tokens=chunk_tokens,
-                        dropout_seed=seed,
-                        backward=backward,
-                    )
-                else:
-                    embeddings = net(task.inputs(rows), max_tokens=chunk_tokens, dropout_seed=seed)
-                    loss = task.loss_fn(embeddings, task.labels(rows))
-            if not config.mini_batch_size:
-                backward(loss)
-            if parallel is not None:  # one value on every rank: the log, this check, the task weights
-                loss = parallel.mean(loss)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss became {loss.item()} at step {progress['step'] + 1} "
-                    f"(task {tasks[batch.task].name!r}); lower the learning rate or use amp='no'"
-                )
-            running.append(loss.item())
-            task_running.setdefault(tasks[batch.task].name, []).append(running[-1])
-            if dynamic is not None:
-                dynamic.observe(batch.task, running[-1])
-            step_pairs += len(batch.rows)
-        if parallel is not None:  # the loss modules' own parameters are not in DDP
-            parallel.reduce_loss_gradients(losses)
-        scaler.unscale_(optimizer)
+            task, batch = feed.take(progress, trainer.task_weights())
+            # embed -> loss -> backward (in cached mini-batches with config.mini_batch_size)
+            loss = micro_step(trainer, task, batch.rows, sync=micro == config.grad_accum - 1)
+            name = feed.tasks[batch.task].name
+            value = _finite(loss, step=progress.step + 1, task=name)
+            meter.observe(name, value, rows=len(batch.rows))
+            if trainer.dynamic is not None:
+                trainer.dynamic.observe(batch.task, value)
+        if trainer.parallel is not None:  # the loss modules' own parameters are not in DDP
+            trainer.parallel.reduce_loss_gradients(trainer.losses)
+        trainer.scaler.unscale_(trainer.optimizer)  # fp16: the true gradients, for clipping
         if config.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(
-                [p for g in optimizer.param_groups for p in g["params"]], config.max_grad_norm
+            torch.nn.utils.clip_grad_norm_(list(trainer.parameters()), config.max_grad_norm)
+        trainer.scaler.step(trainer.optimizer)  # skipped when an fp16 gradient overflowed
+        trainer.scaler.update()
+        trainer.scheduler.step()
+        progress.step += 1
+        progress.pairs += meter.take_rows()
+        feed = after_step(trainer, feed, progress, meter, hooks)  # log, evaluate, refresh, save
+    hooks.close()  # a background refresh still running cannot be used any more
+    return finish(trainer, feed, progress, meter)
+
+
+def micro_step(trainer: Trainer, task: BatchView, rows: Sequence[int], *, sync: bool) -> Tensor:
+    """Embed ``rows`` of ``task``, compute the loss, back-propagate it; returns the loss, detached.
+
+    With ``config.mini_batch_size`` the three run cached (GradCache, :func:`~embforge.training.step.cached_step`):
+    the same loss and gradients in a mini-batch's memory. Under torchrun this rank embeds its part of the batch
+    through DDP (:mod:`embforge.training.distributed`), ``sync`` (the accumulation's last micro-step) lets DDP
+    all-reduce the gradients, and the loss returned is the mean over the ranks.
+    """
+    config = trainer.config
+    seed = int(torch.randint(0, 2**62, ()).item())  # this micro-step's dropout masks (modeling/dropout.py)
+    net: Forward = trainer.model
+    if trainer.parallel is not None:  # this rank's part of the batch; DDP syncs in the last micro-step
+        net, task, rows = trainer.parallel.shard(task, tuple(rows), sync=sync)
+    with trainer.autocast():
+        if config.mini_batch_size:  # embed, loss, backward in mini-batches (training/step.py)
+            loss = cached_step(
+                net,
+                task,
+                rows,
+                mini_batch_size=config.mini_batch_size,
+                max_tokens=config.chunk_tokens,
+                dropout_seed=seed,
+                backward=trainer.backward,
             )
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        progress["step"] += 1
-        progress["pairs"] += step_pairs
-        step_pairs = 0
-        step = progress["step"]
-        bar.update(1)
-        if average is not None:  # after the last step the model holds the average: evaluated, saved
-            average.update(model, step)
-        if dynamic is not None:  # loss-share task weights (embforge/weighting.py), saved with the progress
-            reweighted = dynamic.step(step)
-            progress["dynamic_weights"] = dynamic.state_dict()
-            if reweighted is not None:
-                append_jsonl(metrics_file, reweighted)
-        if step % config.log_every == 0 or step == total_steps:
-            mean_loss = float(np.mean(running))
-            running = []
-            bar.set_postfix(loss=f"{mean_loss:.4f}")
-            append_jsonl(
-                metrics_file,
-                {
-                    "step": step,
-                    "epoch": progress["epoch"],
-                    "loss": mean_loss,
-                    "lr": scheduler.get_last_lr()[0],
-                    **(
-                        {"task_loss": {k: float(np.mean(v)) for k, v in task_running.items()}}
-                        if len(tasks) > 1
-                        else {}
-                    ),
-                },
-            )
-            task_running = {}
-        evaluate = evaluator is not None and (
-            (config.eval_every and step % config.eval_every == 0) or step == total_steps
+        else:
+            embeddings = net(task.inputs(rows), max_tokens=config.chunk_tokens, dropout_seed=seed)
+            loss = task.loss_fn(embeddings, task.labels(rows))  # tensors in, a scalar out
+    if not config.mini_batch_size:
+        trainer.backward(loss)  # fp16 scaling and the mean over accumulated micro-steps
+    loss = loss.detach()
+    return trainer.parallel.mean(loss) if trainer.parallel is not None else loss
+
+
+def after_step(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter, hooks: Hooks) -> Feed:
+    """What follows an optimiser step: the weight average, the loss-share task weights, the log line, evaluation,
+    the negative refresh (its tasks make the feed returned), the checkpoint and ``on_step``."""
+    config, step = trainer.config, progress.step
+    last = step == trainer.total_steps
+    meter.bar.update(1)
+    if trainer.average is not None:  # after the last step the model holds the average: evaluated, saved
+        trainer.average.update(trainer.model, step)
+    if trainer.dynamic is not None:  # loss-share task weights, saved with the progress
+        reweighted = trainer.dynamic.step(step)
+        progress.dynamic_weights = trainer.dynamic.state_dict()
+        if reweighted is not None:
+            append_jsonl(meter.file, reweighted)
+    if step % config.log_every == 0 or last:
+        lr = float(trainer.scheduler.get_last_lr()[0])
+        meter.log(step=step, epoch=progress.epoch, lr=lr, per_task=len(feed.tasks) > 1)
+    if hooks.evaluator is not None and ((config.eval_every and step % config.eval_every == 0) or last):
+        evaluate(trainer, progress, meter, hooks.evaluator)
+    fresh = hooks.refresher(step, trainer.model) if hooks.refresher is not None else None
+    if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
+        feed = Feed.build(trainer.model, fresh, config)
+        trainer.model.train()
+        progress.refreshed_at = step  # saved below: on resume the refresher restores these tasks
+    if trainer.main and config.save_every and (step % config.save_every == 0 or last):
+        save_checkpoint(
+            trainer.out / "checkpoints",
+            model=trainer.model,
+            losses=trainer.losses,
+            trainer=trainer.saved(),
+            progress=progress,
+            keep=config.keep_checkpoints,
         )
-        if evaluate and main:  # rank 0 evaluates, the other ranks wait at the barrier below
-            assert evaluator is not None
-            last_metrics = evaluator(model)
-            model.train()
-            append_jsonl(metrics_file, {"step": step, "eval": last_metrics})
-            metric = config.metric or primary_metric(last_metrics)
-            value = last_metrics.get(metric) if metric is not None else None
-            if value is not None and (progress["best"] is None or value > progress["best"]["value"]):
-                progress["best"] = {"step": step, "metric": metric, "value": value}
-                atomic_dir(out / "best", model.save)
-        if evaluate:
-            barrier()
-        fresh = refresher(step, model) if refresher is not None else None
-        if fresh is not None:  # refreshed negatives: re-tokenise, re-plan this epoch, keep the position in it
-            tasks = fresh
-            prepared, plan_inputs = _prepare(model, tasks, config)
-            plan = plan_for(progress["epoch"])
-            model.train()
-            progress["refreshed_at"] = step  # saved below: on resume the refresher restores these tasks
-        if main and config.save_every and (step % config.save_every == 0 or step == total_steps):
-            save_checkpoint(
-                checkpoints,
-                model=model,
-                losses=losses,
-                trainer=trainer,
-                progress=progress,
-                keep=config.keep_checkpoints,
-            )
-        if on_step is not None:
-            on_step(step)
-    bar.close()
-    close = getattr(refresher, "close", None)  # a background refresh still running cannot be used any more
-    if close is not None:
-        close()
-    seconds = time.perf_counter() - started
-    if main:
+    if hooks.on_step is not None:
+        hooks.on_step(step)
+    return feed
+
+
+def evaluate(trainer: Trainer, progress: Progress, meter: Meter, evaluator: Evaluator) -> None:
+    """Rank 0 evaluates (the other ranks wait), logs the metrics and keeps the best model in ``output/best``."""
+    if trainer.main:
+        meter.metrics = evaluator(trainer.model)
+        trainer.model.train()
+        append_jsonl(meter.file, {"step": progress.step, "eval": meter.metrics})
+        metric = trainer.config.metric or primary_metric(meter.metrics)
+        value = meter.metrics.get(metric) if metric is not None else None
+        if (
+            metric is not None
+            and value is not None
+            and (progress.best is None or value > progress.best["value"])
+        ):
+            progress.best = Best(step=progress.step, metric=metric, value=value)
+            atomic_dir(trainer.out / "best", trainer.model.save)
+    barrier()
+
+
+def _finite(loss: Tensor, *, step: int, task: str) -> float:
+    """The loss as a number; an error naming the step and the task when it is NaN or infinite."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(
+            f"loss became {loss.item()} at step {step} (task {task!r}); lower the learning rate or use amp='no'"
+        )
+    return loss.item()
+
+
+@dataclass
+class Hooks:
+    """What the caller runs inside the loop: the evaluator, ``on_step`` and the negative refresher."""
+
+    evaluator: Evaluator | None = None
+    on_step: Callable[[int], None] | None = None
+    refresher: Refresher | None = None
+
+    def close(self) -> None:
+        """Stop the refresher's background work, if it has a ``close()``."""
+        close: Callable[[], None] | None = getattr(self.refresher, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass
+class Meter:
+    """What the loop measures between log lines (losses, per task too; the rows of the step) and where it
+    writes it: ``metrics.jsonl`` (rank 0 only) and the progress bar; and the last evaluation's metrics."""
+
+    file: Path
+    bar: tqdm
+    started: float
+    losses: list[float] = field(default_factory=list)
+    task_losses: dict[str, list[float]] = field(default_factory=dict)
+    rows: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, trainer: Trainer, progress: Progress) -> Meter:
+        file = (
+            trainer.out / "metrics.jsonl" if trainer.main else Path(os.devnull)
+        )  # the other ranks log nowhere
+        quiet = trainer.config.quiet or not trainer.main
+        bar = tqdm(total=trainer.total_steps, initial=progress.step, disable=quiet, desc="train")
+        return cls(file, bar, time.perf_counter())
+
+    def observe(self, task: str, loss: float, *, rows: int) -> None:
+        self.losses.append(loss)
+        self.task_losses.setdefault(task, []).append(loss)
+        self.rows += rows
+
+    def take_rows(self) -> int:
+        """The rows of the step just taken (counted from zero again)."""
+        rows, self.rows = self.rows, 0
+        return rows
+
+    def log(self, *, step: int, epoch: int, lr: float, per_task: bool) -> None:
+        """One ``metrics.jsonl`` line: the mean loss since the last one (and per task), the learning rate."""
+        mean_loss = float(np.mean(self.losses))
+        record: dict[str, Any] = {"step": step, "epoch": epoch, "loss": mean_loss, "lr": lr}
+        if per_task:
+            record["task_loss"] = {k: float(np.mean(v)) for k, v in self.task_losses.items()}
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}")
+        append_jsonl(self.file, record)
+        self.losses, self.task_losses = [], {}
+
+
+def _finished_run(trainer: Trainer) -> dict[str, Any] | None:
+    """The summary of a run ``--resume`` finds finished (training/artifacts.py), else None."""
+    keep = trainer.config.keep_training_state
+    return resume_finished(trainer.out, trainer.total_steps, keep_training_state=keep, main=trainer.main)
+
+
+def finish(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter) -> dict[str, Any]:
+    """Save the final model, the summary and the model card (rank 0); returns the summary."""
+    meter.bar.close()
+    seconds = time.perf_counter() - meter.started
+    model, config, out = trainer.model, trainer.config, trainer.out
+    if trainer.main:
         if config.merge_lora and uses_adapters(model):  # checkpoints/ and best/ keep the adapter/ folder
             merge_lora(model)
         model.save(out)
     model.eval()
-    summary = {
-        "steps": progress["step"],
+    average = trainer.average.describe() if trainer.average is not None else None
+    summary: dict[str, Any] = {
+        "steps": progress.step,
         "seconds": seconds,
-        "pairs_per_second": progress["pairs"] / seconds if seconds > 0 and resume_from is None else None,
-        "final": last_metrics,
-        "best": progress["best"],
-        "averaged": average.describe() if average is not None else None,
+        "pairs_per_second": progress.pairs / seconds
+        if seconds > 0 and trainer.resumed_from is None
+        else None,
+        "final": meter.metrics,
+        "best": progress.best,
+        "averaged": average,
     }
-    if main:
+    if trainer.main:
         if average is not None:
-            _log(out, {"event": "averaged", **average.describe()})
+            append_jsonl(out / "metrics.jsonl", {"event": "averaged", **average})
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         write_model_card(
             out,
             base_model=getattr(model, "name_or_path", None),
-            tasks_info=[task_info(t) for t in tasks],
+            tasks_info=[task_info(t) for t in feed.tasks],
             config=config,
-            eval_results=last_metrics,
-            best=progress["best"],
+            eval_results=meter.metrics,
+            best=progress.best,
             seconds=seconds,
-            steps=progress["step"],
-            device=str(device),
+            steps=progress.step,
+            device=str(trainer.device),
         )
-        mark_finished(out, steps=progress["step"])  # before the clean-up: a kill there is no restart
+        mark_finished(out, steps=progress.step)  # before the clean-up: a kill there is no restart
         summary["bytes_on_disk"] = finalize_run(out, keep_training_state=config.keep_training_state)
         if not config.quiet:
             print(f"train: saved {out} ({summary['bytes_on_disk'] / 2**20:.0f} MB on disk)", file=sys.stderr)
     barrier()  # torchrun: the other ranks return once rank 0 has saved the model
     return summary
-
-
-def _log(out: Path, record: dict[str, Any]) -> None:
-    append_jsonl(out / "metrics.jsonl", record)

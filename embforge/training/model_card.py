@@ -86,32 +86,8 @@ def write_model_card(
     is_instance = dataclasses.is_dataclass(config) and not isinstance(config, type)
     settings = dataclasses.asdict(config) if is_instance else dict(config)
     facts = _model_facts(root)
-    hub_id = HUB_IDS.get(str(base_model).lower(), base_model) if base_model else None
-    on_hub = bool(hub_id) and not Path(str(hub_id)).expanduser().exists() and "/" in str(hub_id)
-    cross = facts["kind"] == "cross-encoder"
-    tags = ["sentence-transformers", "cross-encoder" if cross else "sentence-similarity", "embforge"]
-    tags += [f"loss:{t['loss']}" for t in tasks_info]
-    front = ["---", "library_name: sentence-transformers"]
-    front.append("pipeline_tag: " + ("text-ranking" if cross else "sentence-similarity"))
-    if on_hub:
-        front.append(f"base_model: {hub_id}")
-    front += ["tags:", *[f"- {t}" for t in dict.fromkeys(tags)], "---", ""]
-
-    name = root.resolve().name
-    started = f" from [{hub_id}](https://huggingface.co/{hub_id})" if on_hub else ""
-    started = started or (f" from `{base_model}`" if base_model else "")
     lines = [
-        *front,
-        f"# {name}",
-        "",
-        f"A {facts['kind']} fine-tuned{started} with embforge {_version()}. "
-        + (
-            "It scores a pair of texts (reranking, pair classification)."
-            if cross
-            else f"It maps texts to {facts.get('dim', '?')}-dimensional vectors for semantic similarity, "
-            "search, clustering and classification."
-        ),
-        "",
+        *_heading(root, facts, base_model, tasks_info),
         "## Model details",
         "",
         "| | |",
@@ -120,22 +96,9 @@ def write_model_card(
         "",
         "## Usage",
         "",
-        *(["```python", *facts["usage"], "```"] if "usage" in facts else _usage(root, cross)),
+        *(["```python", *facts["usage"], "```"] if "usage" in facts else _usage(root, _is_cross(facts))),
         "",
-        "## Training data",
-        "",
-        "| task | file | rows | columns | loss | loss options | weight |",
-        "|---|---|---:|---|---|---|---:|",
-        *[_task_row(t) for t in tasks_info],
-        "",
-        f"{_rows(_total_rows(tasks_info))} training rows in all.",
-        "",
-        "## Training hyper-parameters",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        *[f"| `{k}` | `{v}` |" for k, v in settings.items()],
-        "",
+        *_training(tasks_info, settings),
         "## Evaluation",
         "",
         *_evaluation(root, eval_results, best, settings.get("metric")),
@@ -157,6 +120,61 @@ def write_model_card(
     path = root / CARD
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def _is_cross(facts: Mapping[str, Any]) -> bool:
+    return bool(facts["kind"] == "cross-encoder")
+
+
+def _heading(
+    root: Path, facts: Mapping[str, Any], base_model: str | None, tasks_info: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The card's metadata block (library, pipeline, base model, tags), its title and what the model does."""
+    hub_id = HUB_IDS.get(str(base_model).lower(), base_model) if base_model else None
+    on_hub = bool(hub_id) and not Path(str(hub_id)).expanduser().exists() and "/" in str(hub_id)
+    cross = _is_cross(facts)
+    tags = ["sentence-transformers", "cross-encoder" if cross else "sentence-similarity", "embforge"]
+    tags += [f"loss:{t['loss']}" for t in tasks_info]
+    front = ["---", "library_name: sentence-transformers"]
+    front.append("pipeline_tag: " + ("text-ranking" if cross else "sentence-similarity"))
+    if on_hub:
+        front.append(f"base_model: {hub_id}")
+    front += ["tags:", *[f"- {t}" for t in dict.fromkeys(tags)], "---", ""]
+    started = f" from [{hub_id}](https://huggingface.co/{hub_id})" if on_hub else ""
+    started = started or (f" from `{base_model}`" if base_model else "")
+    does = (
+        "It scores a pair of texts (reranking, pair classification)."
+        if cross
+        else f"It maps texts to {facts.get('dim', '?')}-dimensional vectors for semantic similarity, "
+        "search, clustering and classification."
+    )
+    return [
+        *front,
+        f"# {root.resolve().name}",
+        "",
+        f"A {facts['kind']} fine-tuned{started} with embforge {_version()}. " + does,
+        "",
+    ]
+
+
+def _training(tasks_info: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> list[str]:
+    """The training data (one row per task) and hyper-parameter sections."""
+    return [
+        "## Training data",
+        "",
+        "| task | file | rows | columns | loss | loss options | weight |",
+        "|---|---|---:|---|---|---|---:|",
+        *[_task_row(t) for t in tasks_info],
+        "",
+        f"{_rows(_total_rows(tasks_info))} training rows in all.",
+        "",
+        "## Training hyper-parameters",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *[f"| `{k}` | `{v}` |" for k, v in settings.items()],
+        "",
+    ]
 
 
 def _kind_facts(root: Path) -> dict[str, Any] | None:

@@ -40,27 +40,24 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.distill import targets
+from embforge.kinds import ModelKind, kind_of
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.artifacts import link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import barrier, init_from_env, is_main
 from embforge.training.loop import train
-from embforge.training.run import load_toml, make_loss
+from embforge.training.run import load_toml, make_loss, new_loss
 from embforge.training.tasks import Task
 
-
-@dataclass
-class _Dim:
-    """What :func:`~embforge.training.run.make_loss` needs of a bi-encoder before one is loaded: its size."""
-
-    dim: int
+if TYPE_CHECKING:
+    from embforge.retrieval.mining import MiningConfig
 
 
 class PipelineError(ValueError):
@@ -90,11 +87,12 @@ class TaskSpec:
 
 @dataclass
 class Stage:
-    """One stage: its tasks, the trainer settings and the Matryoshka dimensions."""
+    """One stage: its tasks, the trainer settings (its ``output`` and ``resume`` are set when it runs) and the
+    Matryoshka dimensions."""
 
     name: str
     tasks: list[TaskSpec]
-    config: dict[str, Any]
+    config: TrainConfig
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
 
@@ -148,11 +146,11 @@ def parse_pipeline(
                 if not isinstance(t.get(key), str):
                     raise PipelineError(f"{task_where}: field {key!r} is required (a string)")
             tasks.append(TaskSpec(**{"name": t.get("name", f"task{j}"), **t}))
-        config = {**defaults, **{k: v for k, v in raw.items() if k in _CONFIG_FIELDS}}
+        settings = {**defaults, **{k: v for k, v in raw.items() if k in _CONFIG_FIELDS}}
         if "steps" in raw:
-            config["max_steps"] = raw["steps"]
+            settings["max_steps"] = raw["steps"]
         try:
-            TrainConfig(**config)
+            config = TrainConfig(**settings)
         except (TypeError, ValueError) as err:
             raise PipelineError(f"{where}: {err}") from None
         stages.append(Stage(name, tasks, config, raw.get("matryoshka_dims"), raw.get("matryoshka_weights")))
@@ -207,61 +205,106 @@ def _as_training_rows(source: Any) -> Dataset:
     return source
 
 
-def build_stage_tasks(
-    stage: Stage, index: int, pipeline: Pipeline, *, dim: int, model: Any = None, workdir: Path | None = None
-) -> list[Task]:
-    """Load a stage's data and losses, validating each task (and mining if asked, when ``model`` is given)."""
+def _where(pipeline: Pipeline, index: int, stage: Stage) -> str:
+    return f"{pipeline.source}: stage {index} ({stage.name!r})"
 
-    where_stage = f"{pipeline.source}: stage {index} ({stage.name!r})"
+
+def _check_matryoshka(stage: Stage, dim: int, where: str) -> None:
     if stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
         raise PipelineError(
-            f"{where_stage}: field 'matryoshka_dims': {max(stage.matryoshka_dims)} is larger than the model's "
+            f"{where}: field 'matryoshka_dims': {max(stage.matryoshka_dims)} is larger than the model's "
             f"dimension {dim}; use values <= {dim}"
         )
-    tasks = []
-    rows: dict[str, Dataset] = {}
-    sources: dict[str, Any] = {}
-    loaded: dict[str, Any] = {}  # teachers, loaded once per stage
-    for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
-        where = f"{where_stage}, task {spec.name!r}"
-        problem = targets.check_teacher_task(spec.loss, spec.teacher, where)
-        if problem:
-            raise PipelineError(problem)
-        sources[spec.name] = _load_source(spec, pipeline, where)
-        data = _as_training_rows(sources[spec.name])
-        if spec.limit is not None:
-            data = data.subset(list(range(min(spec.limit, len(data)))))
-        if spec.teacher is not None:
-            data = (
-                targets.placeholder_targets(data)
-                if model is None
-                else _with_teacher(spec, data, stage, pipeline, model, where, loaded)
-            )
-        rows[spec.name] = data
+
+
+def _task_data(spec: TaskSpec, pipeline: Pipeline, where: str) -> tuple[Any, Dataset]:
+    """A task's source (a RetrievalData for a built-in retrieval set) and its training rows (``limit`` kept)."""
+    problem = targets.check_teacher_task(spec.loss, spec.teacher, where)
+    if problem:
+        raise PipelineError(problem)
+    source = _load_source(spec, pipeline, where)
+    data = _as_training_rows(source)
+    if spec.limit is not None:
+        data = data.subset(list(range(min(spec.limit, len(data)))))
+    return source, data
+
+
+def _loss_error(spec: TaskSpec, where: str, err: ValueError) -> PipelineError:
+    return PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}")
+
+
+def _task(spec: TaskSpec, data: Dataset, loss: Any, where: str) -> Task:
+    """The task, its data checked against what its loss needs."""
+    task = Task(spec.name, data, loss, weight=spec.weight)
+    try:
+        task.validate()
+    except DataError as err:
+        raise PipelineError(f"{where}: field 'data' = {spec.data!r} does not fit the loss: {err}") from None
+    return task
+
+
+def check_stage(
+    stage: Stage, index: int, pipeline: Pipeline, *, dim: int, kind: ModelKind = ModelKind.DENSE
+) -> None:
+    """Check a stage before any model is loaded: its data exist and have the columns its losses need; the loss
+    names, options and mining settings are valid; Matryoshka dimensions fit a model of ``dim``."""
+    where_stage = _where(pipeline, index, stage)
+    _check_matryoshka(stage, dim, where_stage)
     for spec in stage.tasks:
         where = f"{where_stage}, task {spec.name!r}"
-        source, data = sources[spec.name], rows[spec.name]
+        _, data = _task_data(spec, pipeline, where)
+        if spec.teacher is not None:  # the teacher's embeddings will be the labels
+            data = targets.placeholder_targets(data)
         try:
-            loss = make_loss(
+            loss = new_loss(
                 spec.loss,
-                model=model if model is not None else _Dim(dim),
+                kind=kind,
+                dim=dim,
                 data=data,
                 options=spec.options,
                 matryoshka_dims=stage.matryoshka_dims,
                 matryoshka_weights=stage.matryoshka_weights,
             )
         except ValueError as err:
-            raise PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}") from None
+            raise _loss_error(spec, where, err) from None
+        if spec.mine is not None:  # the rows mining reads
+            _mining_config(spec, where)
+            data.require(["anchor", "positive"], purpose=f"mining for {where}")
+        _task(spec, data, loss, where)
+
+
+def build_stage_tasks(
+    stage: Stage, index: int, pipeline: Pipeline, *, model: Any, workdir: Path
+) -> list[Task]:
+    """A stage's tasks for ``model``: their data, the teachers' targets, mined negatives and losses."""
+    where_stage = _where(pipeline, index, stage)
+    _check_matryoshka(stage, model.dim, where_stage)
+    rows: dict[str, tuple[Any, Dataset]] = {}
+    loaded: dict[str, Any] = {}  # teachers, loaded once per stage
+    for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
+        where = f"{where_stage}, task {spec.name!r}"
+        source, data = _task_data(spec, pipeline, where)
+        if spec.teacher is not None:
+            data = _with_teacher(spec, data, stage, pipeline, model, where, loaded)
+        rows[spec.name] = source, data
+    tasks = []
+    for spec in stage.tasks:
+        where = f"{where_stage}, task {spec.name!r}"
+        source, data = rows[spec.name]
+        try:
+            loss = make_loss(
+                spec.loss,
+                model=model,
+                data=data,
+                options=spec.options,
+                matryoshka_dims=stage.matryoshka_dims,
+                matryoshka_weights=stage.matryoshka_weights,
+            )
+        except ValueError as err:
+            raise _loss_error(spec, where, err) from None
         if spec.mine is not None:
             data = _mined(spec, source, data, model, workdir, where)
-        task = Task(spec.name, data, loss, weight=spec.weight)
-        try:
-            task.validate()
-        except DataError as err:
-            raise PipelineError(
-                f"{where}: field 'data' = {spec.data!r} does not fit the loss: {err}"
-            ) from None
-        tasks.append(task)
+        tasks.append(_task(spec, data, loss, where))
     return tasks
 
 
@@ -277,8 +320,8 @@ def _with_teacher(
             teacher,
             model=model,
             cache_dir=cache,
-            seed=int(stage.config.get("seed", 42)),
-            show_progress=not stage.config.get("quiet", False),
+            seed=stage.config.seed,
+            show_progress=not stage.config.quiet,
             loaded=loaded,
             project=spec.loss in targets.PROJECTED_LOSSES,
         )
@@ -286,20 +329,21 @@ def _with_teacher(
         raise PipelineError(f"{where}: field 'teacher' = {spec.teacher!r}: {err}") from None
 
 
-def _mined(
-    spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path | None, where: str
-) -> Dataset:
-    """Hard negatives for a task, mined with the current model at the stage's start (cached in ``workdir``)."""
-    from embforge.retrieval.mining import MiningConfig, mine, write_jsonl
-    from embforge.retrieval.sharded import sharded
+def _mining_config(spec: TaskSpec, where: str) -> MiningConfig:
+    from embforge.retrieval.mining import MiningConfig
 
     try:
-        config = MiningConfig(**(spec.mine or {}))
+        return MiningConfig(**(spec.mine or {}))
     except (TypeError, ValueError) as err:
         raise PipelineError(f"{where}: field 'mine': {err}") from None
-    if model is None or workdir is None:  # validation only: check the rows can be mined
-        data.require(["anchor", "positive"], purpose=f"mining for {where}")
-        return data
+
+
+def _mined(spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path, where: str) -> Dataset:
+    """Hard negatives for a task, mined with the current model at the stage's start (cached in ``workdir``)."""
+    from embforge.retrieval.mining import mine, write_jsonl
+    from embforge.retrieval.sharded import sharded
+
+    config = _mining_config(spec, where)
     cached = workdir / f"mined-{spec.name}.jsonl"
     if cached.exists():
         return read_table(cached)
@@ -317,10 +361,31 @@ def stage_dir(pipeline: Pipeline, index: int) -> Path:
     return Path(pipeline.output) / f"stage-{index}-{pipeline.stages[index - 1].name}"
 
 
-def validate_pipeline(pipeline: Pipeline, *, dim: int) -> None:
-    """Check every stage's tasks (data columns vs loss, loss names and options, Matryoshka dims) up front."""
+def validate_pipeline(pipeline: Pipeline, *, dim: int, kind: ModelKind = ModelKind.DENSE) -> None:
+    """Check every stage (:func:`check_stage`) up front, for a model of ``kind`` and dimension ``dim``."""
     for i, stage in enumerate(pipeline.stages, 1):
-        build_stage_tasks(stage, i, pipeline, dim=dim)
+        check_stage(stage, i, pipeline, dim=dim, kind=kind)
+
+
+def _with_overrides(
+    config: TrainConfig, seed: int | None, device: str | None, quiet: bool | None
+) -> TrainConfig:
+    return dataclasses.replace(
+        config,
+        seed=config.seed if seed is None else seed,
+        device=config.device if device is None else device,
+        quiet=config.quiet if quiet is None else quiet,
+    )
+
+
+def _overridden(
+    pipeline: Pipeline, *, output: str | None, seed: int | None, device: str | None, quiet: bool | None
+) -> Pipeline:
+    """``pipeline`` with the caller's output folder, and seed, device and progress setting in every stage."""
+    stages = [
+        dataclasses.replace(s, config=_with_overrides(s.config, seed, device, quiet)) for s in pipeline.stages
+    ]
+    return dataclasses.replace(pipeline, stages=stages, output=pipeline.output if output is None else output)
 
 
 def run_pipeline(
@@ -353,14 +418,10 @@ def run_pipeline(
     """
     from embforge.encoder import Encoder
 
-    if output is not None:
-        pipeline = dataclasses.replace(pipeline, output=output)
-    if seed is not None:
-        stages = [dataclasses.replace(s, config={**s.config, "seed": seed}) for s in pipeline.stages]
-        pipeline = dataclasses.replace(pipeline, stages=stages)
+    pipeline = _overridden(pipeline, output=output, seed=seed, device=device, quiet=quiet)
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
-    validate_pipeline(pipeline, dim=model.dim)  # before any training
+    validate_pipeline(pipeline, dim=model.dim, kind=kind_of(model))  # before any training
     out = Path(pipeline.output)
     started = [stage_dir(pipeline, i) for i in range(1, len(pipeline.stages) + 1)]
     if not resume and any(folder.exists() for folder in started):
@@ -383,14 +444,12 @@ def run_pipeline(
         if loaded_from is not None:  # resuming: start from the last finished stage's model
             model.load_weights(loaded_from)
             loaded_from = None
-        tasks = build_stage_tasks(stage, i, pipeline, dim=model.dim, model=model, workdir=folder)
-        settings = {**stage.config, "output": str(folder), "resume": (folder / "checkpoints").is_dir()}
-        if device is not None:
-            settings["device"] = device
-        if quiet is not None:
-            settings["quiet"] = quiet
+        tasks = build_stage_tasks(stage, i, pipeline, model=model, workdir=folder)
+        config = dataclasses.replace(
+            stage.config, output=str(folder), resume=(folder / "checkpoints").is_dir()
+        )
         step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))
-        summary = train(model, tasks, TrainConfig(**settings), on_step=step_hook)
+        summary = train(model, tasks, config, on_step=step_hook)
         summary = {"stage": i, "name": stage.name, **summary}
         if is_main():
             write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")

@@ -17,6 +17,7 @@ from typing import Any
 from embforge.data.retrieval import training_pairs
 from embforge.data.sources import RowSource, SourceOptions, open_source, row_count
 from embforge.data.tables import Dataset, read_table
+from embforge.kinds import ModelKind, kind_of, model_class, parse_kind
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import TrainConfig, planned_steps
@@ -86,30 +87,30 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.load(handle)
 
 
-def make_loss(
+def new_loss(
     name: str,
     *,
-    model: Any,
+    kind: ModelKind = ModelKind.DENSE,
+    dim: int | None,
     data: Dataset | RowSource,
     options: dict[str, Any] | None = None,
     matryoshka_dims: list[int] | None = None,
     matryoshka_weights: list[float] | None = None,
 ) -> Any:
-    """The loss ``name`` for ``model``: a cross-encoder loss for a cross-encoder, an embedding loss otherwise.
+    """The loss ``name`` for a model of ``kind`` and dimension ``dim``, from the names and the data alone: a
+    cross-encoder loss for a cross-encoder, a MaxSim loss for a multi-vector model, an embedding loss otherwise.
 
-    The number of classes (``softmax``, ``prototype``) comes from the data's integer labels; the loss then sets
-    its data-dependent starting values from ``model`` (:meth:`~embforge.losses.base.EmbeddingLoss.start_from`).
+    The number of classes (``softmax``, ``prototype``) comes from the data's integer labels. A pipeline checks
+    its stages with this before any model is loaded; :func:`make_loss` adds the model's starting values.
     """
     options = dict(options or {})
-    if is_cross_encoder(model):
+    if kind == ModelKind.CROSS:
         from embforge.losses.cross import get_cross_loss
 
         if matryoshka_dims:
             raise ValueError("matryoshka_dims applies to bi-encoders only; drop it with a cross-encoder")
         return get_cross_loss(name, **options)
-    from embforge.kinds import ModelKind, kind_of
-
-    if kind_of(model) == ModelKind.MULTIVECTOR:  # MaxSim versions of infonce, margin_mse, kl_distill
+    if kind == ModelKind.MULTIVECTOR:  # MaxSim versions of infonce, margin_mse, kl_distill
         from embforge.losses.late import get_multivector_loss
 
         if matryoshka_dims:
@@ -119,32 +120,48 @@ def make_loss(
 
     labels = data.labels() if isinstance(data, Dataset) else None  # a stream's labels are not all known
     num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
-    loss = get_loss(
+    return get_loss(
         name,
-        dim=model.dim,
+        dim=dim,
         num_labels=num_labels,
         matryoshka_dims=matryoshka_dims,
         matryoshka_weights=matryoshka_weights,
         **options,
     )
-    # a loaded bi-encoder (a pipeline check passes only its size); data-dependent starts read a whole table
+
+
+def make_loss(
+    name: str,
+    *,
+    model: Any,
+    data: Dataset | RowSource,
+    options: dict[str, Any] | None = None,
+    matryoshka_dims: list[int] | None = None,
+    matryoshka_weights: list[float] | None = None,
+) -> Any:
+    """The loss ``name`` for ``model`` (:func:`new_loss` for its kind and dimension); an embedding loss then
+    sets its data-dependent starting values from ``model`` (:meth:`~embforge.losses.base.EmbeddingLoss.start_from`)
+    when the data is a table (a stream's rows are not all known)."""
+    kind = kind_of(model)
+    loss = new_loss(
+        name,
+        kind=kind,
+        dim=None if kind == ModelKind.CROSS else model.dim,
+        data=data,
+        options=options,
+        matryoshka_dims=matryoshka_dims,
+        matryoshka_weights=matryoshka_weights,
+    )
+    # a loaded bi-encoder (a BatchEncoding); data-dependent starts read a whole table
     if isinstance(model, BatchEncoding) and isinstance(data, Dataset):
         loss.start_from(model, data)
     return loss
-
-
-def is_cross_encoder(model: object) -> bool:
-    """Whether ``model`` scores pairs: its declared kind is :attr:`~embforge.kinds.ModelKind.CROSS`."""
-    from embforge.kinds import ModelKind, kind_of
-
-    return kind_of(model) == ModelKind.CROSS
 
 
 def make_evaluator(path: str, model: Any, *, columns: str | dict[str, str] | None = None) -> Any:
     """``model -> metrics`` for an evaluation file: STS correlations for scored pairs, pair classification
     (accuracy, F1, AP, Spearman) for 0/1 labels of a cross-encoder."""
     from embforge.evaluate.sts import evaluate_sts
-    from embforge.kinds import ModelKind, kind_of
 
     if kind_of(model) == ModelKind.MULTIVECTOR:
         raise ValueError(
@@ -152,7 +169,7 @@ def make_evaluator(path: str, model: Any, *, columns: str | dict[str, str] | Non
             "--retrieval-train FOLDER --retrieval-eval-split dev, or 'embforge eval retrieval' after training"
         )
     data = read_table(path, columns=columns)
-    if is_cross_encoder(model) and data.label_column == "label":
+    if kind_of(model) == ModelKind.CROSS and data.label_column == "label":
         from embforge.evaluate.pairs import evaluate_pairs
 
         return lambda m: evaluate_pairs(m, data)
@@ -197,8 +214,6 @@ def resolved_loss(spec: RunSpec) -> str:
     runs and multi-vector models, and ``cosent`` otherwise."""
     if spec.loss is not None:
         return spec.loss
-    from embforge.kinds import ModelKind, parse_kind
-
     kind = parse_kind(spec.model_type)
     if kind == ModelKind.SPARSE:
         return "splade"
@@ -208,8 +223,6 @@ def resolved_loss(spec: RunSpec) -> str:
 def load_model(spec: RunSpec) -> Any:
     """The model a run starts from, of the kind ``spec.model_type`` names (:mod:`embforge.kinds`): a dense
     bi-encoder, a cross-encoder (a new one-logit head on a bi-encoder), or another kind's class."""
-    from embforge.kinds import ModelKind, model_class, parse_kind
-
     kind = parse_kind(spec.model_type)
     if kind in (ModelKind.SPARSE, ModelKind.STATIC) and spec.config.lora_r:
         raise ValueError(
@@ -310,8 +323,6 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
     from embforge.training.refresh import retrieval_training
 
     assert spec.retrieval_train is not None
-    from embforge.kinds import ModelKind, kind_of
-
     mines_with_model = (spec.num_negatives > 0 and spec.mine_method != "bm25") or spec.refresh_negatives_every
     kind = kind_of(model)
     if kind in (ModelKind.MULTIVECTOR, ModelKind.SPARSE) and mines_with_model:

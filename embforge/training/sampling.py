@@ -24,11 +24,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from embforge.training.state import Progress
+
 STRATEGIES = ("epoch", "uniform", "weight", "size", "temperature")
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Sliced(Protocol[T_co]):
+    """Per-row values read by slices (``values[start:end]``): a list, or a task's lengths or keys computed for a
+    window of rows when it is asked for."""
+
+    def __getitem__(self, span: slice, /) -> Sequence[T_co]: ...
 
 
 @dataclass(frozen=True)
@@ -237,8 +248,8 @@ class TaskPlan:
         epoch: int,
         strategy: str = "epoch",
         alpha: float = 0.5,
-        lengths: Sequence[Sequence[int] | None] | None = None,
-        distinct: Sequence[Sequence[Sequence[Hashable]] | None] | None = None,
+        lengths: Sequence[Sliced[int] | None] | None = None,
+        distinct: Sequence[Sliced[Sequence[Hashable]] | None] | None = None,
         windows: Sequence[int | None] | None = None,
         counts: Sequence[Callable[[int, int], int] | None] | None = None,
     ) -> None:
@@ -326,12 +337,13 @@ class TaskPlan:
             task -= 1
         return PlannedBatch(task, self.orders[task].get(cursors[task]))
 
-    def take(self, progress: dict[str, Any], weights: Sequence[float]) -> PlannedBatch:
-        """The next batch for a trainer's ``progress`` (``position`` and ``cursors``), advancing both."""
-        cursors = progress.setdefault("cursors", [0] * len(self.sizes))
-        planned = self.batch(progress["position"], cursors, weights)
-        progress["position"] += 1
-        cursors[planned.task] += 1
+    def take(self, progress: Progress, weights: Sequence[float]) -> PlannedBatch:
+        """The next batch for a trainer's ``progress`` (its ``position`` and ``cursors``), advancing both."""
+        if not progress.cursors:
+            progress.cursors = [0] * len(self.sizes)
+        planned = self.batch(progress.position, progress.cursors, weights)
+        progress.position += 1
+        progress.cursors[planned.task] += 1
         return planned
 
 
@@ -345,7 +357,7 @@ def epoch_plan(
     batch being proportional to ``weight × batches left`` (with one task this is just its batches).
     """
     plan = TaskPlan(sizes, batch_size, **plan_options)
-    progress: dict[str, Any] = {"position": 0}
+    progress = Progress()
     return [plan.take(progress, weights) for _ in range(len(plan))]
 
 

@@ -1,6 +1,6 @@
 """The cached micro-step (GradCache): a batch larger than memory allows, with the same loss and gradients.
 
-The plain micro-step is three lines in :func:`embforge.training.loop.train`::
+The plain micro-step is three lines in :func:`embforge.training.loop.micro_step`::
 
     embeddings = model(task.inputs(rows), ...)          # one forward through the model's forward
     loss = task.loss_fn(embeddings, task.labels(rows))  # tensors in, scalar out
@@ -34,10 +34,37 @@ all-reduces the gradients.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+
+class BatchView(Protocol):
+    """What a micro-step reads of a prepared task (:mod:`embforge.training.tasks`), or of a rank's view of one
+    (:mod:`embforge.training.distributed`): the model's inputs and the labels of some rows, and the loss of the
+    model's outputs for those inputs."""
+
+    def inputs(self, rows: Sequence[int]) -> Any: ...
+
+    def labels(self, rows: Sequence[int]) -> Tensor | None: ...
+
+    def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor: ...
+
+
+class Forward(Protocol):
+    """The model as a micro-step calls it: inputs to outputs, one row per input (``places``: the inputs' places
+    in the whole batch, which key their dropout masks)."""
+
+    def __call__(
+        self,
+        inputs: Any,
+        /,
+        *,
+        max_tokens: int | None,
+        dropout_seed: int | None,
+        places: Sequence[int] | None = None,
+    ) -> Tensor: ...
 
 
 def spans(n: int, size: int) -> list[tuple[int, int]]:
@@ -46,8 +73,8 @@ def spans(n: int, size: int) -> list[tuple[int, int]]:
 
 
 def cached_step(
-    model: Any,
-    task: Any,
+    model: Forward,
+    task: BatchView,
     rows: Sequence[int],
     *,
     mini_batch_size: int,

@@ -18,6 +18,7 @@ from embforge.training.config import TrainConfig
 from embforge.training.distributed import rank_rows
 from embforge.training.loop import train
 from embforge.training.sampling import TaskPlan, TextKeys, epoch_plan
+from embforge.training.state import Progress
 from embforge.training.tasks import Task, prepare
 from tests.conftest import WORDS as VOCABULARY
 
@@ -61,9 +62,9 @@ def plan_batches(source, window, *, epoch=0):
     plan = TaskPlan(
         [row_count(source)], 16, seed=3, epoch=epoch, distinct=[keys], windows=[window], counts=counts
     )
-    progress = {"position": 0}
+    progress = Progress()
     batches = []
-    while progress["position"] < len(plan):
+    while progress.position < len(plan):
         rows = plan.take(progress, [1.0]).rows
         batches.append((rows, source.take(rows)["anchor"]))
     return batches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -18,6 +19,7 @@ from embforge.training.sampling import (
     task_probabilities,
     uses_in_batch_negatives,
 )
+from embforge.training.state import Progress
 
 SIZES = [100, 400, 1600]
 WEIGHTS = [3.0, 1.0, 1.0]
@@ -84,18 +86,19 @@ def test_plan_is_a_pure_function_of_seed_and_epoch():
 def test_resume_mid_epoch_with_changed_weights_draws_the_same_batches():
     """A run interrupted at position 50 (having changed weights at 30) continues exactly as the full run."""
 
-    def run(stop: int | None, progress: dict | None = None) -> tuple[list, dict]:
+    def run(stop: int | None, progress: Progress | None = None) -> tuple[list, Progress]:
         plan = TaskPlan(SIZES, 8, seed=5, epoch=0, strategy="weight")
-        progress = progress or {"position": 0}
+        progress = progress or Progress()
         taken = []
-        while progress["position"] < len(plan) and progress["position"] != stop:
-            weights = WEIGHTS if progress["position"] < 30 else [1.0, 1.0, 8.0]
+        while progress.position < len(plan) and progress.position != stop:
+            weights = WEIGHTS if progress.position < 30 else [1.0, 1.0, 8.0]
             taken.append(plan.take(progress, weights))
         return taken, progress
 
     full, _ = run(None)
     first, state = run(50)
-    rest, _ = run(None, {"position": state["position"], "cursors": list(state["cursors"])})
+    # what a checkpoint keeps: the progress as JSON
+    rest, _ = run(None, Progress.from_dict(json.loads(json.dumps(state.to_dict()))))
     assert first + rest == full
 
 
