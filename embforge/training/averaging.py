@@ -20,13 +20,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from embforge.protocols import TrainableModel
 
 if TYPE_CHECKING:
     from embforge.training.config import TrainConfig
 
 
-def _weights(model: nn.Module) -> dict[str, Tensor]:
+def _weights(model: TrainableModel) -> dict[str, Tensor]:
     return {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
 
 
@@ -70,7 +72,7 @@ class WeightAverage:
         return step >= self.ema_start
 
     @torch.no_grad()
-    def update(self, model: nn.Module, step: int) -> None:
+    def update(self, model: TrainableModel, step: int) -> None:
         """Fold the weights after optimiser step ``step`` into the average; after the last step, load the
         average into ``model``."""
         if self._takes(step):
@@ -89,7 +91,7 @@ class WeightAverage:
             self.apply(model)
 
     @torch.no_grad()
-    def apply(self, model: nn.Module) -> None:
+    def apply(self, model: TrainableModel) -> None:
         """Copy the average into ``model`` (each weight in its own dtype and device)."""
         for k, v in _weights(model).items():
             if k in self.average:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from embforge.data.sources import plan_window, row_count, window_counter
 from embforge.training.config import TrainConfig
 from embforge.training.sampling import PlannedBatch, TaskPlan, TextKeys, uses_in_batch_negatives
 from embforge.training.state import Progress
 from embforge.training.tasks import PreparedTask, Task, TokenLengths, prepare
+
+if TYPE_CHECKING:
+    from embforge.protocols import TrainableModel
 
 
 @dataclass
@@ -55,7 +58,7 @@ class Feed:
     plan: TaskPlan | None = None  # made at the first batch, for the epoch the progress is in
 
     @classmethod
-    def build(cls, model: Any, tasks: list[Task], config: TrainConfig) -> Feed:
+    def build(cls, model: TrainableModel, tasks: list[Task], config: TrainConfig) -> Feed:
         """Ready ``tasks`` for ``model`` and read what the plan needs of them."""
         prepared = [prepare(task, model) for task in tasks]
         inputs = PlanInputs(

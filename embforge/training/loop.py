@@ -34,16 +34,16 @@ from embforge.training.model_card import task_info, write_model_card
 from embforge.training.state import Best, Progress
 from embforge.training.step import BatchView, Forward, cached_step
 from embforge.training.tasks import Task
-from embforge.training.trainer import Trainer, resolve_device, seed_everything, set_up, start
+from embforge.training.trainer import Trainable, Trainer, resolve_device, seed_everything, set_up, start
 
 __all__ = ["Evaluator", "TrainConfig", "micro_step", "resolve_device", "seed_everything", "train"]
 
-Evaluator = Callable[[Any], dict[str, float]]
-Refresher = Callable[[int, Any], list[Task] | None]
+Evaluator = Callable[[Trainable], dict[str, float]]
+Refresher = Callable[[int, Trainable], list[Task] | None]
 
 
 def train(
-    model: Any,
+    model: Trainable,
     tasks: list[Task],
     config: TrainConfig,
     *,

@@ -47,6 +47,7 @@ from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.distill import targets
 from embforge.kinds import ModelKind, kind_of
+from embforge.losses.base import BaseLoss
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.artifacts import link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
@@ -233,7 +234,7 @@ def _loss_error(spec: TaskSpec, where: str, err: ValueError) -> PipelineError:
     return PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}")
 
 
-def _task(spec: TaskSpec, data: Dataset, loss: Any, where: str) -> Task:
+def _task(spec: TaskSpec, data: Dataset, loss: BaseLoss, where: str) -> Task:
     """The task, its data checked against what its loss needs."""
     task = Task(spec.name, data, loss, weight=spec.weight)
     try:

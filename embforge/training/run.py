@@ -12,17 +12,22 @@ import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from embforge.data.retrieval import training_pairs
 from embforge.data.sources import RowSource, SourceOptions, open_source, row_count
 from embforge.data.tables import Dataset, read_table
 from embforge.kinds import ModelKind, kind_of, model_class, parse_kind
+from embforge.losses.base import EmbeddingLoss
+from embforge.losses.cross import CrossLoss
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.loop import train
 from embforge.training.tasks import Task
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder, Kinded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -96,7 +101,7 @@ def new_loss(
     options: dict[str, Any] | None = None,
     matryoshka_dims: list[int] | None = None,
     matryoshka_weights: list[float] | None = None,
-) -> Any:
+) -> EmbeddingLoss | CrossLoss:
     """The loss ``name`` for a model of ``kind`` and dimension ``dim``, from the names and the data alone: a
     cross-encoder loss for a cross-encoder, a MaxSim loss for a multi-vector model, an embedding loss otherwise.
 
@@ -133,27 +138,28 @@ def new_loss(
 def make_loss(
     name: str,
     *,
-    model: Any,
+    model: Kinded,
     data: Dataset | RowSource,
     options: dict[str, Any] | None = None,
     matryoshka_dims: list[int] | None = None,
     matryoshka_weights: list[float] | None = None,
-) -> Any:
+) -> EmbeddingLoss | CrossLoss:
     """The loss ``name`` for ``model`` (:func:`new_loss` for its kind and dimension); an embedding loss then
     sets its data-dependent starting values from ``model`` (:meth:`~embforge.losses.base.EmbeddingLoss.start_from`)
     when the data is a table (a stream's rows are not all known)."""
     kind = kind_of(model)
+    embedder = None if kind == ModelKind.CROSS else cast("Embedder", model)  # a kind with a dimension
     loss = new_loss(
         name,
         kind=kind,
-        dim=None if kind == ModelKind.CROSS else model.dim,
+        dim=None if embedder is None else embedder.dim,
         data=data,
         options=options,
         matryoshka_dims=matryoshka_dims,
         matryoshka_weights=matryoshka_weights,
     )
     # a loaded bi-encoder (a BatchEncoding); data-dependent starts read a whole table
-    if isinstance(model, BatchEncoding) and isinstance(data, Dataset):
+    if isinstance(model, BatchEncoding) and isinstance(loss, EmbeddingLoss) and isinstance(data, Dataset):
         loss.start_from(model, data)
     return loss
 

@@ -7,7 +7,7 @@ what else a checkpoint saves), :func:`start` begins a run at step 0 or resumes i
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from embforge.files import append_jsonl
 from embforge.modeling.precision import amp_dtype
+from embforge.protocols import TrainableModel
 from embforge.training.artifacts import clear_finished
 from embforge.training.averaging import WeightAverage, weight_average
 from embforge.training.checkpoints import load_trainer_state, set_rng_state, start_run
@@ -26,8 +27,26 @@ from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.distributed import DataParallel, init_from_env, is_main, rank_device
 from embforge.training.feed import Feed
 from embforge.training.state import Progress
+from embforge.training.step import Forward
 from embforge.training.tasks import Task
 from embforge.training.weighting import DynamicWeights
+
+
+class Trainable(TrainableModel, Forward, Protocol):
+    """What the loop needs of a model of any kind: a :class:`~embforge.protocols.TrainableModel` whose forward
+    is a micro-step's (:class:`~embforge.training.step.Forward`), that moves to a device, recomputes its layers
+    on request, and loads the weights of a folder its class saved."""
+
+    def to(self, device: torch.device) -> object: ...
+
+    def eval(self) -> object: ...
+
+    def gradient_checkpointing(self, enabled: bool = True) -> None: ...
+
+    def load_state_dict(self, state: Mapping[str, Tensor], strict: bool = True) -> object: ...
+
+    @classmethod
+    def load(cls, path: Path) -> TrainableModel: ...
 
 
 class Stateful(Protocol):
@@ -51,7 +70,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict[str, Any]]:
+def _param_groups(modules: list[TrainableModel | nn.Module], weight_decay: float) -> list[dict[str, Any]]:
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for module in modules:
@@ -84,7 +103,7 @@ class Trainer:
     """What the loop steps: the model and the tasks' losses, the optimiser with its learning-rate schedule and
     fp16 loss scaler, the optional weight average and loss-share task weights, and where it all runs."""
 
-    model: Any
+    model: Trainable
     losses: nn.ModuleList
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -134,7 +153,7 @@ class Trainer:
         self.scaler.scale(loss / self.config.grad_accum).backward()
 
 
-def set_up(model: Any, tasks: list[Task], config: TrainConfig) -> tuple[Trainer, Feed]:
+def set_up(model: Trainable, tasks: list[Task], config: TrainConfig) -> tuple[Trainer, Feed]:
     """Join the process group (torchrun), seed, move the model to its device, ready the tasks and make the
     optimiser, the schedule and the rest of the trainer for a run of :func:`planned_steps` steps."""
     world = init_from_env()  # under torchrun: join the process group (training/distributed.py)
@@ -196,6 +215,7 @@ def start(trainer: Trainer) -> Progress:
     if trainer.dynamic is not None and progress.dynamic_weights is not None:
         trainer.dynamic.load_state_dict(progress.dynamic_weights)
     if trainer.world > 1:  # every rank computes its part of each batch (training/distributed.py)
+        assert isinstance(trainer.model, nn.Module)  # DDP wraps a torch module (every model kind is one)
         trainer.parallel = DataParallel(trainer.model, gather=config.gather_negatives)
     return progress
 
