@@ -25,18 +25,22 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from embforge.data.sources import row_count
 from embforge.modeling.pooling import mode_from_st_config
 from embforge.training.report import read_json, read_jsonl
+
+if TYPE_CHECKING:
+    from embforge.training.tasks import Task
 
 CARD = "README.md"
 # aliases embforge resolves locally -> their Hugging Face Hub ids (for the card's metadata and links)
 HUB_IDS = {"all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
 
 
-def task_info(task: Any) -> dict[str, Any]:
-    """Plain data about a training task (:class:`~embforge.training.tasks.Task`) for :func:`write_model_card`."""
+def task_info(task: Task) -> dict[str, Any]:
+    """Plain data about a training task for :func:`write_model_card`."""
     data, loss = task.data, task.loss
     options = {
         key: value
@@ -45,12 +49,12 @@ def task_info(task: Any) -> dict[str, Any]:
     }
     return {
         "name": task.name,
-        "source": str(getattr(data, "path", "")),
-        "rows": len(data) if hasattr(data, "__len__") else data.num_rows,
-        "columns": list(getattr(data, "columns", {})),
-        "loss": getattr(loss, "name", type(loss).__name__),
+        "source": str(data.path),
+        "rows": row_count(data),
+        "columns": list(data.columns),
+        "loss": loss.name,
         "loss_options": options,
-        "weight": getattr(task, "weight", 1.0),
+        "weight": task.weight,
     }
 
 

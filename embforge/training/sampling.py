@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
 from embforge.training.state import Progress
+
+if TYPE_CHECKING:
+    from embforge.protocols import Loss
 
 STRATEGIES = ("epoch", "uniform", "weight", "size", "temperature")
 
@@ -361,10 +364,10 @@ def epoch_plan(
     return [plan.take(progress, weights) for _ in range(len(plan))]
 
 
-def uses_in_batch_negatives(loss: Any) -> bool:
-    """Whether a loss scores each row against the other rows of its batch (its ``in_batch_negatives`` flag;
-    see :class:`embforge.losses.base.EmbeddingLoss`), so duplicates in a batch are false negatives."""
-    return bool(getattr(loss, "in_batch_negatives", False))
+def uses_in_batch_negatives(loss: Loss) -> bool:
+    """Whether a loss scores each row against the other rows of its batch (its declared ``in_batch_negatives``;
+    see :class:`embforge.losses.base.BaseLoss`), so duplicates in a batch are false negatives."""
+    return loss.in_batch_negatives
 
 
 def row_texts(columns: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
