@@ -10,7 +10,8 @@ import torch
 
 from embforge.cli import main
 from embforge.encoder import Encoder
-from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline
+from embforge.kinds import ModelKind
+from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
 
 PAIRS = [
     ("a man plays the guitar", "a man is playing guitar"),
@@ -198,3 +199,25 @@ def test_cli_train_runs_a_pipeline_file_and_reports_errors(tmp_path, tiny_model_
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [s["name"] for s in result["stages"]] == ["warmup", "multi", "mrl"]
     assert (tmp_path / "cli" / "final" / "modules.json").exists()
+
+
+def test_stages_are_checked_for_the_model_kind_without_a_model(tmp_path, sts_csv):
+    """Validation builds each loss from its name, the model's declared kind and dimension: no model is loaded,
+    a cross-encoder's ``bce`` passes, and the same name for a bi-encoder is an error naming stage and field."""
+    path = tmp_path / "rerank.toml"
+    path.write_text(
+        f"""
+[[stages]]
+name = "rerank"
+steps = 2
+  [[stages.tasks]]
+  name = "sts"
+  data = {_toml_value(str(sts_csv))}
+  loss = "bce"
+  options = {{ label_max = 5.0 }}
+"""
+    )
+    pipeline = load_pipeline(path)
+    validate_pipeline(pipeline, dim=32, kind=ModelKind.CROSS)
+    with pytest.raises(PipelineError, match=r"stage 1 \('rerank'\), task 'sts': field 'loss' = 'bce'"):
+        validate_pipeline(pipeline, dim=32)
