@@ -28,9 +28,9 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -40,6 +40,9 @@ from embforge.files import append_jsonl, atomic_dir, write_text_atomic
 from embforge.training.distributed import all_gather_objects
 from embforge.training.rng import rng_state, set_rng_state
 from embforge.training.state import Progress
+
+if TYPE_CHECKING:
+    from embforge.protocols import TrainableModel
 
 __all__ = [
     "LATEST",
@@ -64,6 +67,17 @@ MANIFEST = "manifest.json"
 RUN_FILE = "run.json"
 FORMAT = 1
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+T = TypeVar("T")
+
+
+class Stateful(Protocol):
+    """A part of the trainer a checkpoint saves and a resume restores (optimiser, schedule, scaler, average)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> object: ...
 
 
 class CheckpointError(ValueError):
@@ -109,9 +123,9 @@ def _start_run(folder: Path, *, resume: bool, log: Path | None) -> Path | None:
 def save_checkpoint(
     folder: Path,
     *,
-    model: Any,
+    model: TrainableModel,
     losses: torch.nn.ModuleList,
-    trainer: Mapping[str, Any],
+    trainer: Mapping[str, Stateful],
     progress: Progress,
     keep: int = 1,
 ) -> Path:
@@ -328,7 +342,7 @@ def verify_checkpoint(path: Path) -> None:
             )
 
 
-def _readable(file: Path, read: Any) -> Any:
+def _readable(file: Path, read: Callable[[Path], T]) -> T:
     """``read(file)``, with any failure to decode it turned into a :class:`CheckpointError` naming the file."""
     if not file.is_file():
         raise CheckpointError(f"{file}: missing; this checkpoint cannot be resumed from")

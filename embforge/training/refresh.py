@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from embforge.retrieval.mining import MiningConfig, mine_positions
 from embforge.retrieval.search import embed
 from embforge.training.checkpoints import find_latest, read_progress
 from embforge.training.tasks import Task
+
+if TYPE_CHECKING:
+    from embforge.losses.base import BaseLoss
 
 
 @dataclass
@@ -74,7 +77,7 @@ class NegativeRefresher:
     def __init__(
         self,
         data: RetrievalData,
-        loss: Any,
+        loss: BaseLoss,
         config: RefreshConfig,
         *,
         total_steps: int,
@@ -266,7 +269,7 @@ def retrieval_training(
     model: Any,
     *,
     data: RetrievalData,
-    loss: Any,
+    loss: BaseLoss,
     num_negatives: int,
     method: str,
     refresh_every: int,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +21,7 @@ from embforge.modeling.precision import amp_dtype
 from embforge.protocols import TrainableModel
 from embforge.training.artifacts import clear_finished
 from embforge.training.averaging import WeightAverage, weight_average
-from embforge.training.checkpoints import load_trainer_state, set_rng_state, start_run
+from embforge.training.checkpoints import Stateful, load_trainer_state, set_rng_state, start_run
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.distributed import DataParallel, init_from_env, is_main, rank_device
 from embforge.training.feed import Feed
@@ -47,14 +46,6 @@ class Trainable(TrainableModel, Forward, Protocol):
 
     @classmethod
     def load(cls, path: Path) -> TrainableModel: ...
-
-
-class Stateful(Protocol):
-    """A part of the trainer a checkpoint saves and a resume restores (optimiser, schedule, scaler, average)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
 
 
 def resolve_device(name: str) -> torch.device:
@@ -143,7 +134,7 @@ class Trainer:
         """Every parameter the optimiser updates (the model's and the losses' own)."""
         return (p for group in self.optimizer.param_groups for p in group["params"])
 
-    def autocast(self) -> AbstractContextManager[Any]:
+    def autocast(self) -> torch.autocast:
         """Mixed precision for the forward and the loss (a no-op in full precision)."""
         dtype = self.dtype or torch.float32
         return torch.autocast(self.device.type, dtype=dtype, enabled=self.dtype is not None)
