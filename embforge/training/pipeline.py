@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,133 +47,40 @@ from embforge.data.tables import DataError, Dataset, read_table
 from embforge.distill import targets
 from embforge.kinds import ModelKind, kind_of
 from embforge.losses.base import BaseLoss
-from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.artifacts import link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import barrier, init_from_env, is_main
 from embforge.training.loop import train
-from embforge.training.run import load_toml, make_loss, new_loss
+from embforge.training.pipeline_file import (
+    Pipeline,
+    PipelineError,
+    Stage,
+    TaskSpec,
+    is_pipeline,
+    load_pipeline,
+    parse_pipeline,
+)
+from embforge.training.run import make_loss, new_loss
 from embforge.training.tasks import Task
 
 if TYPE_CHECKING:
     from embforge.retrieval.mining import MiningConfig
 
-
-class PipelineError(ValueError):
-    """A problem in a pipeline file; the message names the file, stage, task and field."""
-
-
-_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit", "teacher"}
-_TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages", "teacher_cache"}
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"output", "resume", "max_steps"}
-_STAGE_KEYS = {"name", "tasks", "steps", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
-
-
-@dataclass
-class TaskSpec:
-    """One task of a stage, as written in the file."""
-
-    name: str
-    data: str
-    loss: str
-    weight: float = 1.0
-    options: dict[str, Any] = field(default_factory=dict)
-    columns: str | dict[str, str] | None = None
-    mine: dict[str, Any] | None = None
-    limit: int | None = None
-    teacher: str | None = None
-
-
-@dataclass
-class Stage:
-    """One stage: its tasks, the trainer settings (its ``output`` and ``resume`` are set when it runs) and the
-    Matryoshka dimensions."""
-
-    name: str
-    tasks: list[TaskSpec]
-    config: TrainConfig
-    matryoshka_dims: list[int] | None = None
-    matryoshka_weights: list[float] | None = None
-
-
-@dataclass
-class Pipeline:
-    """A parsed pipeline file."""
-
-    stages: list[Stage]
-    model: str = DEFAULT_MODEL
-    output: str = "output"
-    max_seq_length: int | None = None
-    source: str = "pipeline"
-    base_dir: Path = field(default_factory=Path.cwd)
-    teacher_cache: str | None = None  # None: <output>/teacher-cache
-
-
-def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
-    extra = sorted(keys - allowed)
-    if extra:
-        raise PipelineError(
-            f"{where}: unknown field(s) {', '.join(extra)}; valid: {', '.join(sorted(allowed))}"
-        )
-
-
-def parse_pipeline(
-    values: dict[str, Any], *, source: str = "pipeline", base_dir: Path | None = None
-) -> Pipeline:
-    """Build a :class:`Pipeline` from a TOML dict, checking field names and types (not yet data or model)."""
-    _unknown(set(values), _TOP_KEYS, source)
-    stages_raw = values.get("stages")
-    if not isinstance(stages_raw, list) or not stages_raw:
-        raise PipelineError(
-            f"{source}: no [[stages]]; a pipeline needs at least one stage with [[stages.tasks]]"
-        )
-    defaults = dict(values.get("defaults", {}))
-    _unknown(set(defaults), _CONFIG_FIELDS, f"{source}: [defaults]")
-    stages = []
-    for i, raw in enumerate(stages_raw, 1):
-        name = str(raw.get("name", f"stage{i}"))
-        where = f"{source}: stage {i} ({name!r})"
-        _unknown(set(raw), _STAGE_KEYS, where)
-        tasks_raw = raw.get("tasks")
-        if not isinstance(tasks_raw, list) or not tasks_raw:
-            raise PipelineError(f"{where}: field 'tasks' is missing or empty; add [[stages.tasks]] tables")
-        tasks = []
-        for j, t in enumerate(tasks_raw, 1):
-            task_where = f"{where}, task {j} ({t.get('name', '?')!r})"
-            _unknown(set(t), _TASK_KEYS, task_where)
-            for key in ("data", "loss"):
-                if not isinstance(t.get(key), str):
-                    raise PipelineError(f"{task_where}: field {key!r} is required (a string)")
-            tasks.append(TaskSpec(**{"name": t.get("name", f"task{j}"), **t}))
-        settings = {**defaults, **{k: v for k, v in raw.items() if k in _CONFIG_FIELDS}}
-        if "steps" in raw:
-            settings["max_steps"] = raw["steps"]
-        try:
-            config = TrainConfig(**settings)
-        except (TypeError, ValueError) as err:
-            raise PipelineError(f"{where}: {err}") from None
-        stages.append(Stage(name, tasks, config, raw.get("matryoshka_dims"), raw.get("matryoshka_weights")))
-    return Pipeline(
-        stages,
-        model=values.get("model", DEFAULT_MODEL),
-        output=values.get("output", "output"),
-        max_seq_length=values.get("max_seq_length"),
-        source=source,
-        base_dir=base_dir or Path.cwd(),
-        teacher_cache=values.get("teacher_cache"),
-    )
-
-
-def load_pipeline(path: str | Path) -> Pipeline:
-    """Read and parse a pipeline TOML file (paths inside it are relative to the file)."""
-    path = Path(path)
-    return parse_pipeline(load_toml(path), source=str(path), base_dir=path.resolve().parent)
-
-
-def is_pipeline(values: dict[str, Any]) -> bool:
-    """Whether a TOML dict describes a pipeline (has ``[[stages]]``) rather than a single run."""
-    return "stages" in values
+__all__ = [
+    "Pipeline",
+    "PipelineError",
+    "Stage",
+    "TaskSpec",
+    "build_stage_tasks",
+    "check_stage",
+    "is_pipeline",
+    "load_pipeline",
+    "parse_pipeline",
+    "run_pipeline",
+    "stage_dir",
+    "validate_pipeline",
+]
 
 
 def _load_source(spec: TaskSpec, pipeline: Pipeline, where: str) -> Any:
