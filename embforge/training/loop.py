@@ -54,7 +54,8 @@ def train(
     """Fine-tune ``model`` on ``tasks``; write checkpoints, metrics and the final model to ``config.output``.
 
     Args:
-        model: An :class:`~embforge.encoder.Encoder` (anything with ``tokenize_ids``, ``embed_ids``, ``save``).
+        model: A model of any kind (:class:`~embforge.encoder.Encoder`, a cross-encoder, ...): what
+            :class:`~embforge.training.trainer.Trainable` describes.
         tasks: One or more tasks; each batch comes from one task.
         config: Hyper-parameters and run options.
         evaluator: ``model -> metrics``; run every ``config.eval_every`` steps and at the end. The best value
@@ -73,9 +74,8 @@ def train(
     """
     Path(config.output).mkdir(parents=True, exist_ok=True)
     hooks = Hooks(evaluator, on_step, refresher)
-    trainer, feed = set_up(
-        model, tasks, config
-    )  # device, seed, tasks, optimiser, schedule (training/trainer.py)
+    # the device, the seed, the tasks' batches, the optimiser and its schedule (training/trainer.py)
+    trainer, feed = set_up(model, tasks, config)
     if trainer.world > 1 and refresher is not None:
         raise ValueError("negative refresh during training does not run under torchrun yet; train without it")
     if config.resume and (done := _finished_run(trainer)) is not None:  # a finished run: nothing to do
