@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from embforge.files import append_jsonl
 from embforge.modeling.lora import merge_lora, uses_adapters
+from embforge.protocols import TaskBatches
 from embforge.training.artifacts import finalize_run, mark_finished, resume_finished
 from embforge.training.checkpoints import atomic_dir, save_checkpoint
 from embforge.training.config import TrainConfig, primary_metric
@@ -32,7 +33,7 @@ from embforge.training.distributed import barrier
 from embforge.training.feed import Feed
 from embforge.training.model_card import task_info, write_model_card
 from embforge.training.state import Best, Progress
-from embforge.training.step import BatchView, Forward, cached_step
+from embforge.training.step import Forward, cached_step
 from embforge.training.tasks import Task
 from embforge.training.trainer import Trainable, Trainer, resolve_device, seed_everything, set_up, start
 
@@ -110,7 +111,7 @@ def train(
     return finish(trainer, feed, progress, meter)
 
 
-def micro_step(trainer: Trainer, task: BatchView, rows: Sequence[int], *, sync: bool) -> Tensor:
+def micro_step(trainer: Trainer, task: TaskBatches, rows: Sequence[int], *, sync: bool) -> Tensor:
     """Embed ``rows`` of ``task``, compute the loss, back-propagate it; returns the loss, detached.
 
     With ``config.mini_batch_size`` the three run cached (GradCache, :func:`~embforge.training.step.cached_step`):
@@ -120,7 +121,7 @@ def micro_step(trainer: Trainer, task: BatchView, rows: Sequence[int], *, sync: 
     """
     config = trainer.config
     seed = int(torch.randint(0, 2**62, ()).item())  # this micro-step's dropout masks (modeling/dropout.py)
-    net: Forward = trainer.model
+    net = cast("Forward", trainer.model)  # every model kind's forward is a micro-step's (training/step.py)
     if trainer.parallel is not None:  # this rank's part of the batch; DDP syncs in the last micro-step
         net, task, rows = trainer.parallel.shard(task, tuple(rows), sync=sync)
     with trainer.autocast():

@@ -34,22 +34,13 @@ all-reduces the gradients.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
-
-class BatchView(Protocol):
-    """What a micro-step reads of a prepared task (:mod:`embforge.training.tasks`), or of a rank's view of one
-    (:mod:`embforge.training.distributed`): the model's inputs and the labels of some rows, and the loss of the
-    model's outputs for those inputs."""
-
-    def inputs(self, rows: Sequence[int]) -> Any: ...
-
-    def labels(self, rows: Sequence[int]) -> Tensor | None: ...
-
-    def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor: ...
+if TYPE_CHECKING:
+    from embforge.protocols import TaskBatches
 
 
 class Forward(Protocol):
@@ -74,7 +65,7 @@ def spans(n: int, size: int) -> list[tuple[int, int]]:
 
 def cached_step(
     model: Forward,
-    task: BatchView,
+    task: TaskBatches,
     rows: Sequence[int],
     *,
     mini_batch_size: int,

@@ -26,15 +26,14 @@ from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.distributed import DataParallel, init_from_env, is_main, rank_device
 from embforge.training.feed import Feed
 from embforge.training.state import Progress
-from embforge.training.step import Forward
 from embforge.training.tasks import Task
 from embforge.training.weighting import DynamicWeights
 
 
-class Trainable(TrainableModel, Forward, Protocol):
+class Trainable(TrainableModel, Protocol):
     """What the loop needs of a model of any kind: a :class:`~embforge.protocols.TrainableModel` whose forward
     is a micro-step's (:class:`~embforge.training.step.Forward`), that moves to a device, recomputes its layers
-    on request, and loads the weights of a folder its class saved."""
+    on request, and loads weights."""
 
     def to(self, device: torch.device) -> object: ...
 
@@ -43,9 +42,6 @@ class Trainable(TrainableModel, Forward, Protocol):
     def gradient_checkpointing(self, enabled: bool = True) -> None: ...
 
     def load_state_dict(self, state: Mapping[str, Tensor], strict: bool = True) -> object: ...
-
-    @classmethod
-    def load(cls, path: Path) -> TrainableModel: ...
 
 
 def resolve_device(name: str) -> torch.device:
@@ -216,7 +212,8 @@ def restore(trainer: Trainer, checkpoint: Path) -> Progress:
     returns the checkpoint's progress."""
     state, loss_state, progress = load_trainer_state(checkpoint)
     model = trainer.model
-    model.load_state_dict(type(model).load(checkpoint / "model").state_dict())
+    own_class: Any = type(model)  # the class that saved the folder reads it
+    model.load_state_dict(own_class.load(checkpoint / "model").state_dict())
     trainer.losses.load_state_dict(loss_state)
     for name, part in trainer.saved().items():
         part.load_state_dict(state[name])
