@@ -50,6 +50,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--parts", default="embforge,pylate,dense", help="which models to train and score")
     parser.add_argument("--corpus-docs", type=int, default=0, help="score on a corpus subset (0: all 5,183)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--no-plaid", action="store_true", help="score embforge's model by exact MaxSim only (no PLAID index)"
+    )
     parser.add_argument("--pairs", default="")
     parser.add_argument("--model", default="")
     return parser.parse_args()
@@ -209,6 +212,8 @@ METRICS = ("ndcg@10", "recall@10", "recall@100")
 
 
 def embforge_part(args: argparse.Namespace, seed: int, pairs_file: Path, minilm: Path, out: Path) -> dict:
+    import torch
+
     from embforge.data.tables import read_table
     from embforge.losses.late import MaxSimInfoNCELoss
     from embforge.multivector import MultiVectorEncoder
@@ -220,6 +225,7 @@ def embforge_part(args: argparse.Namespace, seed: int, pairs_file: Path, minilm:
         colbert = MultiVectorEncoder.load(folder)
         summary = json.loads((folder / "train_summary.json").read_text())
     else:
+        torch.manual_seed(seed)  # the projection's and marker rows' initialisation, as pylate's side seeds it
         colbert = MultiVectorEncoder.load(minilm)
         task = Task("scifact", read_table(pairs_file), MaxSimInfoNCELoss())
         summary = train(colbert, [task], embforge_train_config(args, folder, seed))
@@ -286,6 +292,8 @@ def exact_and_plaid(args: argparse.Namespace, model, dev, out: Path) -> dict:
     exact_run = run_from_topk(data.query_ids, *exact.search(queries, 100))
     metrics = ["ndcg@10", "recall@10", "recall@100"]
     scores = {name: 100 * value for name, value in evaluate_run(exact_run, data.qrels, metrics).items()}
+    if args.no_plaid:
+        return {"embforge": scores, "encode_s": encode_s}
     out.mkdir(parents=True, exist_ok=True)
     np.savez(
         out / "matrices.npz",
@@ -332,6 +340,8 @@ def table(results: list[dict]) -> None:
 
 def speed(args: argparse.Namespace) -> None:
     """Training pairs/s only: embforge then pylate, back to back, ``--steps`` steps each (no evaluation)."""
+    import torch
+
     from embforge.data.tables import read_table
     from embforge.losses.late import MaxSimInfoNCELoss
     from embforge.modeling.resolve import resolve_model_path
@@ -343,6 +353,7 @@ def speed(args: argparse.Namespace) -> None:
     pairs_file = Path(args.out) / "pairs.jsonl"
     minilm = resolve_model_path("all-MiniLM-L6-v2")
     task = Task("scifact", read_table(pairs_file), MaxSimInfoNCELoss())
+    torch.manual_seed(args.seed)
     ours = train(
         MultiVectorEncoder.load(minilm), [task], embforge_train_config(args, out / "embforge", args.seed)
     )

@@ -110,6 +110,7 @@ def pack(
     max_tokens: int,
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
     keys: Tensor | None = None,
+    attended: Sequence[int] | None = None,
     device: torch.device | str | None = None,
 ) -> PackedBatch:
     """Sort tokenised texts by length, concatenate them, and plan the attention blocks.
@@ -122,6 +123,9 @@ def pack(
         max_tokens: Padded-token budget of one attention block (texts of similar length share a block).
         token_type_ids: Segment ids per text (cross-encoder pairs), or None.
         keys: Dropout key of each text, input order (:func:`embforge.modeling.dropout.text_keys`); None: none.
+        attended: How many leading tokens of each text are attention keys (None: all). The others are rows that
+            attend but are not attended to, as a padded forward's positions with attention mask 0 (ColBERT's query
+            expansion tokens).
         device: Where the tensors go (the model's device).
     """
     if not ids:
@@ -140,7 +144,10 @@ def pack(
     if token_type_ids is not None and token_type_ids[int(order[0])] is not None:
         chosen = (token_type_ids[i] or [0] * int(sizes[i]) for i in order.tolist())
         types = np.fromiter(chain.from_iterable(chosen), dtype=np.int64, count=total)
-    groups, slots, real = _blocks_plan(lengths, segment, positions, max_tokens)
+    keyed = None
+    if attended is not None:
+        keyed = positions < np.asarray(attended, dtype=np.int64)[order][segment]
+    groups, slots, real = _blocks_plan(lengths, segment, positions, max_tokens, keyed)
     inverse = np.empty(len(order), dtype=np.int64)
     inverse[order] = np.arange(len(order))
 
@@ -174,10 +181,15 @@ def pack(
 
 
 def _blocks_plan(
-    lengths: np.ndarray, segment: np.ndarray, positions: np.ndarray, max_tokens: int
+    lengths: np.ndarray,
+    segment: np.ndarray,
+    positions: np.ndarray,
+    max_tokens: int,
+    keyed: np.ndarray | None = None,
 ) -> tuple[list[tuple[int, int, int, int, bool]], np.ndarray | None, np.ndarray | None]:
-    """``(first, texts, width, block, padded)`` per group, each token's row in the padded buffer (None when nothing is
-    padded) and which rows of the buffer hold real tokens."""
+    """``(first, texts, width, block, masked)`` per group, each token's row in the padded buffer (None when nothing is
+    padded) and which rows of the buffer are attention keys (real tokens, and of those the ``keyed`` ones; None
+    when every row is one). ``masked``: the group has a row that is not a key."""
     groups: list[tuple[int, int, int, int, bool]] = []
     row_of_text = np.empty(len(lengths), dtype=np.int64)
     block = 0
@@ -185,13 +197,16 @@ def _blocks_plan(
         width = int(lengths[first])
         row_of_text[first : first + texts] = block + width * np.arange(texts)
         padded = int(lengths[first + texts - 1]) < width
+        if keyed is not None and not padded:  # texts of one length: the group's tokens are contiguous
+            start = int(np.searchsorted(segment, first))
+            padded = not bool(keyed[start : start + texts * width].all())
         groups.append((first, texts, width, block, padded))
         block += texts * width
-    if block == len(segment):
-        return groups, None, None
+    if block == len(segment):  # no padding: the buffer is the packed tokens
+        return groups, None, None if keyed is None or bool(keyed.all()) else keyed
     slots = row_of_text[segment] + positions
     real = np.zeros(block, dtype=bool)
-    real[slots] = True
+    real[slots] = True if keyed is None else keyed
     return groups, slots, real
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,8 +35,10 @@ from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
+from embforge.modeling.dropout import text_keys
 from embforge.modeling.module import TransformerModule, inference_context
-from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
+from embforge.modeling.packing import PackedBatch, pack, packed_hidden, supports_packing
+from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
 from embforge.multivector.folder import ColBERTSettings, read_multivector, save_multivector
 
@@ -147,11 +150,21 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
         places: Sequence[int] | None = None,
     ) -> Tensor:
         """Token matrices ``(n, token_width, dim)`` of tokenised texts (:meth:`tokenize_ids`), in the input order;
-        masked token rows are zero. Texts run in length-sorted padded chunks of at most ``max_tokens`` tokens;
-        in training each chunk's dropout is seeded from ``dropout_seed`` and its first text's place, so the
-        cached step's two passes agree (:func:`~embforge.modeling.padding.in_length_chunks`)."""
+        masked token rows are zero.
+
+        BERT-family backbones run padding-free (:func:`~embforge.modeling.packing.packed_hidden`; ``max_tokens``
+        bounds each padded attention block): the projection and everything before attention see only real
+        tokens, and a query's expansion tokens attend without being attended to. In training their dropout is
+        keyed by ``dropout_seed`` and each text's place in the whole batch (``places``), so the cached step's two
+        passes agree. Other backbones run in length-sorted padded chunks of at most ``max_tokens`` tokens, each
+        chunk's dropout seeded from ``dropout_seed`` and its first text's place
+        (:func:`~embforge.modeling.padding.in_length_chunks`)."""
         if self.training and dropout_seed is None:
             dropout_seed = int(torch.randint(0, 2**62, ()).item())
+        if supports_packing(self.backbone):
+            return self.packed_token_matrices(
+                ids, max_tokens=max_tokens or BLOCK_TOKENS, dropout_seed=dropout_seed, places=places
+            )
         return in_length_chunks(
             ids,
             max_tokens or CHUNK_TOKENS,
@@ -159,6 +172,51 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
             seed=dropout_seed if self.training else None,
             places=places,
         )
+
+    def attended_lengths(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """How many leading tokens of each text are attended to: all of a document's; a query's up to its trailing
+        ``[MASK]`` run (its expansion tokens), unless ``attend_to_expansion_tokens``. NumPy passes, no loop."""
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        if self.settings.attend_to_expansion_tokens:
+            return lengths
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        positions = np.arange(len(flat)) - np.repeat(offsets, lengths)
+        last = np.maximum.reduceat(np.where(flat != self.expansion_id, positions + 1, 0), offsets)
+        is_query = flat[offsets + 1] == self.query_prefix_id  # every text has [CLS] and its marker
+        return np.where(is_query, last, lengths)
+
+    def packed_token_matrices(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        dropout_seed: int | None,
+        places: Sequence[int] | None = None,
+    ) -> Tensor:
+        """The padding-free forward: ``(n, token_width, dim)`` as :meth:`token_matrices` gives per padded chunk."""
+        keys = None
+        if self.training and dropout_seed is not None:
+            where = list(range(len(ids))) if places is None else list(places)
+            keys = text_keys(dropout_seed, where, device=self.device)
+        attended = self.attended_lengths(ids)
+        batch = pack(ids, max_tokens=max_tokens, keys=keys, attended=attended, device=self.device)
+        hidden = packed_hidden(self.backbone, batch, checkpoint_layers=self.checkpointing)
+        vectors = F.normalize(self.projection(hidden).float(), p=2, dim=-1)
+        caller = torch.empty_like(batch.inverse)  # the input place of each packed text
+        caller[batch.inverse] = torch.arange(len(ids), device=caller.device)
+        keep = self.packed_mask(batch, torch.as_tensor(attended, device=caller.device)[caller])
+        rows = caller[batch.segment] * self.token_width + batch.position_ids
+        out = vectors.new_zeros(len(ids) * self.token_width, vectors.shape[1])
+        return out.index_copy(0, rows, vectors * keep[:, None]).view(len(ids), self.token_width, -1)
+
+    def packed_mask(self, batch: PackedBatch, attended: Tensor) -> Tensor:
+        """:meth:`output_mask` over packed tokens ``(tokens,)``; ``attended``: per packed text."""
+        keyed = batch.position_ids < attended[batch.segment]
+        is_query = (batch.input_ids[batch.offsets + 1] == self.query_prefix_id)[batch.segment]
+        document = keyed & ~torch.isin(batch.input_ids, self.skiplist)
+        query = torch.ones_like(keyed) if self.settings.do_query_expansion else keyed
+        return torch.where(is_query, query, document)
 
     def token_matrices(self, input_ids: Tensor, lengths_mask: Tensor) -> Tensor:
         """One padded forward: ``(batch, token_width, dim)`` normalised, masked token vectors."""

@@ -13,6 +13,7 @@ from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import read_table
 from embforge.kinds import ModelKind, folder_kind, kind_of
 from embforge.losses.late import MaxSimInfoNCELoss, MaxSimKLDistillLoss, MaxSimMarginMSELoss
+from embforge.modeling.padding import pad_ids
 from embforge.multivector import MultiVectorEncoder, maxsim, maxsim_pairwise
 from embforge.multivector.evaluate import evaluate_multivector, multivector_run, recall_against
 from embforge.multivector.scoring import maxsim_topk
@@ -130,11 +131,7 @@ def test_cached_step_equals_the_plain_step(colbert: MultiVectorEncoder, tmp_path
             loss.backward()
         return float(loss.detach()), [p.grad.clone() for p in colbert.parameters() if p.grad is not None]
 
-    # the padded path seeds dropout per length chunk, and chunks are cut per mini-batch: compare without dropout
-    colbert.backbone.config.hidden_dropout_prob = 0.0
-    for module in colbert.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    # dropout on: the padding-free forward keys each text's masks by its place in the batch, so both passes agree
     plain_loss, plain = grads(False)
     cached_loss, cached = grads(True)
     assert abs(plain_loss - cached_loss) < 1e-5
@@ -243,12 +240,48 @@ def test_cli_trains_and_evaluates_a_colbert_model(tiny_model_dir: Path, tmp_path
     assert "does not mine its own negatives yet" in capsys.readouterr().err
 
 
-def test_queries_are_not_padded_to_the_documents_width(colbert: MultiVectorEncoder) -> None:
-    seen: list[tuple[int, ...]] = []
-    colbert.backbone.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+def _padded_reference(colbert: MultiVectorEncoder, ids: list[list[int]]) -> torch.Tensor:
+    """Each text through the Hugging Face backbone alone (padded forward, attention mask), in the input order."""
+    return torch.cat([colbert.token_matrices(*pad_ids([i], colbert.pad_token_id)) for i in ids])
+
+
+def test_padding_free_forward_equals_the_padded_forward_with_gradients(colbert: MultiVectorEncoder) -> None:
+    queries = colbert.tokenize_ids(
+        [*QUERIES, "a cat ."], is_query=True
+    )  # 8 tokens, [MASK]-padded, attend less
+    docs = colbert.tokenize_ids([*DOCS, "a dog runs in the park and kicks a red ball on the road"])
+    ids = queries + docs
+    colbert.eval()  # no dropout: the two forwards draw their masks differently
+    packed = colbert(ids, max_tokens=40)  # several attention groups, the queries' one without padding
+    reference = _padded_reference(colbert, ids)
+    assert torch.equal(packed != 0, reference != 0)  # the same masked rows (punctuation, nothing of queries)
+    assert torch.allclose(packed, reference, atol=1e-5)
+    weight = torch.randn_like(packed)
+    grads = []
+    for out in (packed, None):
+        colbert.zero_grad()
+        (
+            (colbert(ids, max_tokens=40) if out is not None else _padded_reference(colbert, ids)) * weight
+        ).sum().backward()
+        grads.append([p.grad.clone() for p in colbert.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1])
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))
+
+
+def test_attended_lengths_stop_at_the_query_expansion(colbert: MultiVectorEncoder) -> None:
+    queries = colbert.tokenize_ids(["a cat plays", "a cat"], is_query=True)
+    docs = colbert.tokenize_ids(["a cat plays"])
+    assert colbert.attended_lengths(queries + docs).tolist() == [6, 5, 6]  # [CLS] [Q] ... [SEP]
+    colbert.settings.attend_to_expansion_tokens = True
+    assert colbert.attended_lengths(queries).tolist() == [8, 8]
+
+
+def test_training_forward_with_dropout_does_not_depend_on_the_batching(colbert: MultiVectorEncoder) -> None:
+    ids = colbert.tokenize_ids(QUERIES, is_query=True) + colbert.tokenize_ids(DOCS)
+    colbert.train()
+    whole = colbert(ids, max_tokens=40, dropout_seed=3)
+    parts = torch.cat(
+        [colbert(ids[:3], dropout_seed=3), colbert(ids[3:], dropout_seed=3, places=range(3, 7))]
     )
-    queries = colbert.tokenize_ids(QUERIES, is_query=True)  # 8 tokens each
-    docs = colbert.tokenize_ids(["a dog runs in the park and kicks a red ball on the road"] * 2)
-    colbert(queries + docs, max_tokens=10_000)
-    assert sorted(seen) == sorted([(3, 8), (2, len(docs[0]))])  # 3x8 + 2x16 tokens, not 5x16
+    assert torch.allclose(whole, parts, atol=1e-5)
+    assert not torch.allclose(whole, colbert(ids, max_tokens=40, dropout_seed=4), atol=1e-3)
