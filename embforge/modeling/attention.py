@@ -114,9 +114,11 @@ class _DroppedAttention(torch.autograd.Function):
             assert qc is not None and kc is not None and vc is not None and dc is not None and gc is not None
             assert dqc is not None and dkc is not None and dvc is not None and bc is not None
             probs = _probabilities(qc, kc, bc, scale)
-            torch.bmm(probs.masked_fill(dc, 0.0).transpose(1, 2), gc, out=dvc).mul_(keep_scale)
             dprobs = torch.bmm(gc, vc.transpose(1, 2)).masked_fill_(dc, 0.0)
-            dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).mul_(scale * keep_scale)
-            torch.bmm(dscores, kc, out=dqc)
-            torch.bmm(dscores.transpose(1, 2), qc, out=dkc)
+            dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype)
+            # the probabilities are dropped in place once softmax's backward has read them (no copy), and
+            # scale · keep_scale multiplies dq and dk (rows x head_dim) rather than dscores (rows x width)
+            torch.bmm(probs.masked_fill_(dc, 0.0).transpose(1, 2), gc, out=dvc).mul_(keep_scale)
+            torch.bmm(dscores, kc, out=dqc).mul_(scale * keep_scale)
+            torch.bmm(dscores.transpose(1, 2), qc, out=dkc).mul_(scale * keep_scale)
         return dq, dk, dv, None, None, None, None, None

@@ -223,7 +223,25 @@ def to_blocks(x: Tensor, batch: PackedBatch) -> Tensor:
 
 def from_blocks(x: Tensor, batch: PackedBatch) -> Tensor:
     """The real tokens' rows of a padded buffer, back in packed order."""
-    return x if batch.slots is None else x.index_select(0, batch.slots)
+    return x if batch.slots is None else _Unpad.apply(x, batch.slots)
+
+
+class _Unpad(torch.autograd.Function):
+    """``x.index_select(0, slots)`` for distinct ``slots``, whose gradient is then a copy into zeros
+    (``index_copy_``) rather than ``index_select``'s accumulating ``index_add_`` — on a CPU a serial scatter-add,
+    ~1.3 s of a 46 s MiniLM ColBERT step (16 x 180-token texts) on a loaded 2-core VM."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, slots: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(slots)
+        ctx.rows = x.shape[0]  # type: ignore[attr-defined]
+        return x.index_select(0, slots)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        (slots,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        out = grad.new_zeros(ctx.rows, *grad.shape[1:])  # type: ignore[attr-defined]
+        return out.index_copy_(0, slots, grad), None
 
 
 def group_rows(buffer: Tensor, batch: PackedBatch) -> tuple[Tensor, ...]:
