@@ -110,7 +110,7 @@ def pack(
     max_tokens: int,
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
     keys: Tensor | None = None,
-    attended: Sequence[int] | None = None,
+    attended: Sequence[int] | np.ndarray | None = None,
     device: torch.device | str | None = None,
 ) -> PackedBatch:
     """Sort tokenised texts by length, concatenate them, and plan the attention blocks.
