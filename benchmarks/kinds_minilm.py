@@ -106,7 +106,13 @@ def multivector(out: Path, minilm: Path, pairs: Path, beir: Path, steps: int) ->
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     peer = out / "pylate.npz"
     subprocess.run(
-        [str(PYLATE), str(ROOT / "tests" / "multivector" / "pylate_peer.py"), "encode", str(folder), str(peer)],
+        [
+            str(PYLATE),
+            str(ROOT / "tests" / "multivector" / "pylate_peer.py"),
+            "encode",
+            str(folder),
+            str(peer),
+        ],
         check=True,
         env=env,
     )
