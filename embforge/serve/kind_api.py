@@ -143,7 +143,7 @@ def create_kind_app(backend: KindBackend, *, name: str, max_inputs: int = 2048) 
         return {"model": name, "results": results}
 
     @app.get("/v1/models")
-    async def models() -> Any:
+    async def models() -> dict[str, object]:
         entry = {
             "id": name,
             "object": "model",
@@ -154,7 +154,7 @@ def create_kind_app(backend: KindBackend, *, name: str, max_inputs: int = 2048) 
         return {"object": "list", "data": [entry]}
 
     @app.get("/health")
-    async def health() -> Any:
+    async def health() -> dict[str, object]:
         return {"status": "ok", "model": name, "kind": backend.kind, "documents": len(backend.ids())}
 
     @app.exception_handler(ValueError)

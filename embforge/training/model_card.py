@@ -65,7 +65,7 @@ def write_model_card(
     tasks_info: Sequence[Mapping[str, Any]],
     config: Any,
     eval_results: Mapping[str, float] | None = None,
-    best: Mapping[str, Any] | None = None,
+    best: Mapping[str, object] | None = None,
     seconds: float | None = None,
     steps: int | None = None,
     device: str | None = None,
@@ -126,7 +126,7 @@ def write_model_card(
     return path
 
 
-def _is_cross(facts: Mapping[str, Any]) -> bool:
+def _is_cross(facts: Mapping[str, object]) -> bool:
     return bool(facts["kind"] == "cross-encoder")
 
 
@@ -315,7 +315,7 @@ def _task_row(task: Mapping[str, Any]) -> str:
 
 
 def _evaluation(
-    root: Path, final: Mapping[str, float] | None, best: Mapping[str, Any] | None, metric: Any
+    root: Path, final: Mapping[str, float] | None, best: Mapping[str, object] | None, metric: object
 ) -> list[str]:
     history = [r for r in read_jsonl(root / "metrics.jsonl") if isinstance(r.get("eval"), dict)]
     if not final and not history:
@@ -398,5 +398,5 @@ def _version() -> str:
     return __version__
 
 
-def _number(value: Any) -> str:
+def _number(value: object) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
