@@ -7,6 +7,10 @@ intermediate checkpoints and no progress output.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from embforge.training.config import TrainConfig
@@ -50,3 +54,15 @@ def embforge_train_config(args: Any, out: Any, **extra: Any) -> TrainConfig:
         amp=args.amp,
         **extra,
     )
+
+
+def run_child(command: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> dict:
+    """Run a benchmark's child process; its last stdout line (JSON) plus its own peak RSS (``wait4``), in MB."""
+    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, env=env, text=True)
+    out = process.stdout.read() if process.stdout else ""
+    _, status, usage = os.wait4(process.pid, 0)
+    if status != 0:
+        raise RuntimeError(f"{what} failed with status {status}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mb"] = usage.ru_maxrss / 1024
+    return result

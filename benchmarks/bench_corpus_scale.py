@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "corpus_scale"
@@ -88,14 +88,7 @@ def child(args: argparse.Namespace) -> None:
 def measure(folder: Path, mode: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", "--mode", mode, "--folder", str(folder)]
     command += ["--queries", str(args.queries), "--index", args.index, "--sample", str(args.sample)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    out = process.stdout.read() if process.stdout else ""
-    _, status, usage = os.wait4(process.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"{mode} on {folder.name} failed with status {status}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_rss_mb"] = usage.ru_maxrss / 1024
-    return result
+    return run_child(command, f"{mode} on {folder.name}")
 
 
 def main() -> None:

@@ -24,10 +24,11 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "data_scale"
@@ -166,14 +167,7 @@ def measure(file: Path, mode: str, args: argparse.Namespace) -> dict:
     command += ["--steps", str(args.steps), "--window", str(args.window), "--threads", str(args.threads)]
     command += ["--model", args.model] + (["--data-only"] if args.data_only else [])
     env = {**os.environ, "BENCH_STARTED": repr(time.time()), "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
-    out = process.stdout.read() if process.stdout else ""
-    _, status, usage = os.wait4(process.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"{mode} on {file.name} failed with status {status}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_rss_mb"] = usage.ru_maxrss / 1024
-    return result
+    return run_child(command, f"{mode} on {file.name}", env)
 
 
 def main() -> None:
