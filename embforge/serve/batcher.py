@@ -16,7 +16,9 @@ a fixed 5 ms wait cost 28 % of throughput at one client).
 
 With ``concurrency`` above 1 (a runtime with several inference streams, e.g. OpenVINO's throughput mode), up to
 that many batches run at once, each on its own thread: a new batch is formed as soon as a stream is free, so one
-slow batch never leaves the other streams idle.
+slow batch never leaves the other streams idle. The work in the server is shared out: a batch takes at most an equal
+share (items queued plus items inside the model, over the streams), so 16 clients with 4 texts each keep two
+streams busy with 32 texts each rather than one stream with 64 while the other waits for the clients' next request.
 
 A failing model call never fails the requests that merely shared its batch: the batch is split by request in halves
 and each half run again, down to single requests, so only a request whose own items make the model fail gets the
@@ -110,6 +112,7 @@ class MicroBatcher:
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._busy = 0  # batches running
+        self._running_items = 0  # items inside the model
         self._concurrent = False  # did the last batch merge several requests? then waiting pays off
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=concurrency, thread_name_prefix="embforge-model"
@@ -154,9 +157,17 @@ class MicroBatcher:
         self._arrived.set()
         return await job.future
 
+    def _share(self) -> int:
+        """Most items the next batch may take: ``max_batch_size``, or with several streams an equal share of the
+        items in the server (queued and inside the model), so that every stream gets work."""
+        if self.concurrency == 1:
+            return self.max_batch_size
+        share = -(-(len(self._queue) + self._running_items) // self.concurrency)
+        return max(1, min(self.max_batch_size, share))
+
     def _full(self) -> bool:
         """Whether the waiting items already fill a batch (no point waiting for more)."""
-        if len(self._queue) >= self.max_batch_size:
+        if len(self._queue) >= self._share():
             return True
         budget = self.max_batch_tokens
         return budget is not None and len(self._queue) * self._queue[-1].cost >= budget
@@ -175,9 +186,10 @@ class MicroBatcher:
             candidates = self._queue
         chosen: list[_Entry] = []
         width = 0
+        most = self._share()
         for entry in candidates:
             new_width = max(width, entry.cost)
-            full = len(chosen) + 1 > self.max_batch_size or (
+            full = len(chosen) + 1 > most or (
                 self.max_batch_tokens is not None and new_width * (len(chosen) + 1) > self.max_batch_tokens
             )
             if chosen and full:
@@ -208,6 +220,7 @@ class MicroBatcher:
                 continue
             self._concurrent = len({id(e.job) for e in batch}) > 1
             self._busy += 1
+            self._running_items += len(batch)
             task = loop.create_task(self._run_counted(loop, batch))
             running.add(task)
             task.add_done_callback(running.discard)
@@ -219,6 +232,7 @@ class MicroBatcher:
             await self._run(loop, batch)
         finally:
             self._busy -= 1
+            self._running_items -= len(batch)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
         """Run ``batch`` as one model call and hand out the rows; if the call fails, bisect by request."""

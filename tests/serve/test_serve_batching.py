@@ -269,3 +269,28 @@ def test_with_two_streams_a_second_batch_runs_while_the_first_is_held():
     assert run(1)[0] == 1
     with pytest.raises(ValueError, match="concurrency"):
         MicroBatcher(lambda items: items, concurrency=0)
+
+
+def test_with_two_streams_the_queued_work_is_shared_between_them():
+    """64 one-text requests queued at once on a two-stream model: two batches of 32 (one per stream), not one
+    batch of 64 that leaves the second stream idle until the clients send again (16 clients x 4 texts on a
+    2-core OpenVINO server used one core)."""
+    from embforge.serve.batcher import MicroBatcher
+
+    sizes: list[int] = []
+
+    def fn(items):
+        sizes.append(len(items))
+        return np.array([[len(x)] for x in items])
+
+    async def main():
+        batcher = MicroBatcher(fn, max_batch_size=64, max_wait_ms=50, concurrency=2)
+        batcher.start()
+        # created in one go: every submit runs before the worker wakes (asyncio runs ready tasks in order)
+        results = await asyncio.gather(*(batcher.submit([f"t{i}"]) for i in range(64)))
+        await batcher.stop()
+        return results
+
+    results = asyncio.run(main())
+    assert [int(r[0, 0]) for r in results] == [len(f"t{i}") for i in range(64)]
+    assert sizes == [32, 32]
