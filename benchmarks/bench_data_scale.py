@@ -13,7 +13,9 @@ batch 32, for 1 + ``--steps`` optimiser steps:
 ``--model tiny`` trains a 2-layer random BERT with MiniLM's tokenizer instead: the steps are cheap, so steady
 pairs/s shows the data path (reading, tokenising, planning) rather than the encoder; ``--data-only`` measures that
 path alone (no model step). Reported per run: peak RSS of the process (``wait4``), seconds from process start to the end of the first
-optimiser step, and pairs/s over the steps after it. Usage::
+optimiser step, and pairs/s over the steps after it, with tokens/s beside it: the appended row numbers are longer in
+larger files (35.8 tokens per pair at 10k rows, 38.8 at 10M), so the step's work per pair grows a little with the
+file and tokens/s is the size-free figure. Usage::
 
     python benchmarks/bench_data_scale.py --sizes 10000,1000000,10000000
 """
@@ -81,6 +83,23 @@ def generate(rows: int, path: Path) -> float:
             handle.write(f"{perturb(a, rnd, i)}\t{perturb(b, rnd, i)}\n")
     tmp.rename(path)
     return time.perf_counter() - start
+
+
+def tokens_per_pair(path: Path, model: str, samples: int = 3000) -> float:
+    """Mean tokens of a row's two texts, over ``samples`` rows read at random offsets of ``path``."""
+    from embforge.encoder import Encoder
+
+    tokenizer = Encoder.load(model if model != "tiny" else tiny_model()).tokenizer
+    size = path.stat().st_size
+    rnd = random.Random(0)
+    texts: list[str] = []
+    with open(path, "rb") as handle:
+        for _ in range(samples):
+            handle.seek(rnd.randrange(size))
+            handle.readline()  # the rest of a row cut by the seek
+            line = handle.readline().decode("utf-8").rstrip("\n")
+            texts += line.split("\t") if line else []
+    return 2 * sum(len(ids) for ids in tokenizer(texts)["input_ids"]) / max(len(texts), 1)
 
 
 def tiny_model() -> str:
@@ -202,26 +221,30 @@ def main() -> None:
             f"{size:>10,} rows: {file.stat().st_size / 2**20:,.0f} MB file (generated in {made:.0f} s)",
             flush=True,
         )
+        tokens = tokens_per_pair(file, args.model)
         for mode in args.modes.split(","):
             if mode == "memory" and size > args.memory_max:
                 continue
             runs = ["mmap (convert)", "mmap (cached)"] if mode == "mmap" else [mode]
             for label in runs:
                 result = {"rows": size, "mode": label, **measure(file, mode, args)}
+                result["tokens_per_s"] = result["pairs_per_s"] * tokens
                 if label == "mmap (convert)":
                     result["convert_rows_per_s"] = size / result["open_s"]
                 results.append(result)
                 print(json.dumps(result), flush=True)
     what = "batches (plan, read, tokenise; no model step)" if args.data_only else "optimiser steps"
     print(f"\nmodel {args.model}, {args.steps} {what} after the first, window {args.window:,} rows")
-    print(f"{'rows':>10} {'mode':<15} {'peak RSS MB':>11} {'first step s':>12} {'pairs/s':>8}  conversion")
+    print(
+        f"{'rows':>10} {'mode':<15} {'peak RSS MB':>11} {'first step s':>12} {'pairs/s':>8} {'tokens/s':>8}  conversion"
+    )
     small = {r["mode"]: r for r in results if r["rows"] == min(x["rows"] for x in results)}
     for r in results:
         ratio = r["peak_rss_mb"] / small[r["mode"]]["peak_rss_mb"] if r["mode"] in small else float("nan")
         convert = f"{r['convert_rows_per_s']:,.0f} rows/s" if "convert_rows_per_s" in r else ""
         print(
             f"{r['rows']:>10,} {r['mode']:<15} {r['peak_rss_mb']:>8,.0f} ({ratio:.2f}x) {r['first_step_s']:>9.1f} "
-            f"{r['pairs_per_s']:>8.1f}  {convert}"
+            f"{r['pairs_per_s']:>8.1f} {r['tokens_per_s']:>8,.0f}  {convert}"
         )
     (OUT / f"results_{Path(args.model).name}{'_data' if args.data_only else ''}.json").write_text(
         json.dumps(results, indent=2) + "\n"
