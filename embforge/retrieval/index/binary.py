@@ -18,12 +18,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 
-from embforge.retrieval.index.base import read_ids, read_meta, write_listing
 from embforge.retrieval.index.exact import NumpyIndex, check_queries
 
 # Hamming-distance entries per scan tile (queries x vectors x code bytes)
@@ -92,23 +90,9 @@ class BinaryIndex(NumpyIndex):
             [self.ids[p] for p in row] for row in best
         ]
 
-    def snapshot(self) -> Callable[[Path], None]:
-        ids, vectors = list(self.ids), self.vectors
-
-        def write(folder: Path) -> None:
-            np.save(folder / "vectors.npy", vectors)
-            write_listing(folder, ids, {"backend": "binary", "dim": self.dim, "rescore": self.rescore})
-
-        return write
+    def settings(self) -> dict[str, object]:
+        return {"backend": "binary", "dim": self.dim, "rescore": self.rescore}
 
     @classmethod
-    def load(cls, path: str | Path) -> BinaryIndex:
-        folder, meta = read_meta(path)
-        index = cls(meta["dim"], rescore=int(meta.get("rescore", 10)))
-        ids = read_ids(folder)
-        vectors = np.load(folder / "vectors.npy")
-        if len(vectors) != len(ids):
-            raise ValueError(f"{folder}: vectors.npy holds {len(vectors)} vectors but the id file {len(ids)}")
-        if ids:
-            index.add(ids, vectors)
-        return index
+    def from_settings(cls, meta: dict) -> BinaryIndex:
+        return cls(meta["dim"], rescore=int(meta.get("rescore", 10)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 # score-matrix entries per search tile (queries x vectors): 2**24 float32 = 64 MiB (1,024 x 16,384)
 _CHUNK_ENTRIES = 1 << 24
+_Index = TypeVar("_Index", bound="NumpyIndex")
 
 
 def check_vectors(ids: Sequence[str], vectors: np.ndarray, dim: int, known: set[str] | dict) -> np.ndarray:
@@ -152,19 +153,29 @@ class NumpyIndex(InMemoryIndex):
         scores, positions = topk_inner_product(array, self.vectors, k)
         return scores, [[self.ids[p] for p in row] for row in positions]
 
+    def settings(self) -> dict[str, object]:
+        """What ``index.json`` records besides the ids and vectors: the backend and what :meth:`from_settings`
+        builds an empty index of this kind from."""
+        return {"backend": "numpy", "dim": self.dim}
+
+    @classmethod
+    def from_settings(cls: type[_Index], meta: dict) -> _Index:
+        """An empty index with the settings of an ``index.json`` written from :meth:`settings`."""
+        return cls(meta["dim"])
+
     def snapshot(self) -> Callable[[Path], None]:
-        ids, vectors = list(self.ids), self.vectors  # rows [0, n) are never written again
+        ids, vectors, meta = list(self.ids), self.vectors, self.settings()  # rows [0, n) are never written again
 
         def write(folder: Path) -> None:
             np.save(folder / "vectors.npy", vectors)
-            write_listing(folder, ids, {"backend": "numpy", "dim": self.dim})
+            write_listing(folder, ids, meta)
 
         return write
 
     @classmethod
-    def load(cls, path: str | Path) -> NumpyIndex:
+    def load(cls: type[_Index], path: str | Path) -> _Index:
         folder, meta = read_meta(path)
-        index = cls(meta["dim"])
+        index = cls.from_settings(meta)
         ids = read_ids(folder)
         vectors = np.load(folder / "vectors.npy")
         if len(vectors) != len(ids):
