@@ -32,8 +32,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embforge._optional import require
-from embforge.modeling.encoding import BatchEncoding
-from embforge.onnx.runtime import OnnxCrossEncoder, load_tokenizer, pad_batch, read_export_meta
+from embforge.onnx.runtime import (
+    ExportedEncoder,
+    OnnxCrossEncoder,
+    load_tokenizer,
+    pad_batch,
+    read_export_meta,
+)
 
 if TYPE_CHECKING:
     from openvino import CompiledModel, InferRequest
@@ -115,7 +120,7 @@ def _graph_of(path: str | os.PathLike, kind: str) -> tuple[Path, Path, dict[str,
     return folder, graph, meta
 
 
-class OpenVinoEncoder(BatchEncoding):
+class OpenVinoEncoder(ExportedEncoder):
     """A bi-encoder running an exported graph under OpenVINO: same ``encode()`` as :class:`Encoder`."""
 
     backend = "openvino"
@@ -129,16 +134,8 @@ class OpenVinoEncoder(BatchEncoding):
         graph: Path,
     ) -> None:
         self.pool = InferPool(compiled)
+        super().__init__(tokenizer, meta, graph=graph, inputs=self.pool.inputs)
         self.parallel_batches = self.pool.parallel_batches
-        self.tokenizer = tokenizer
-        self.meta = meta
-        self.graph = graph
-        self.pooling: str = meta["pooling"]
-        self.normalize: bool = bool(meta["normalize"])
-        self.max_seq_length: int = int(meta["max_seq_length"])
-        self.prompts: dict[str, str] = dict(meta.get("prompts") or {})
-        self.default_prompt_name: str | None = meta.get("default_prompt_name")
-        self.append_token_id: int | None = meta.get("append_token_id")
 
     @classmethod
     def load(
@@ -150,17 +147,10 @@ class OpenVinoEncoder(BatchEncoding):
         compiled = compile_graph(graph, threads=threads, streams=streams)
         return cls(compiled, load_tokenizer(folder), meta, graph=graph)
 
-    @property
-    def dim(self) -> int:
-        return int(self.meta["dim"])
-
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One inference on token-id lists padded together (to a multiple of :data:`WIDTH_STEP` tokens):
         ``(n, dim)`` float32."""
-        batch, mask = pad_batch(ids, self.pad_token_id)
-        feeds = {"input_ids": batch, "attention_mask": mask}
-        if "token_type_ids" in self.pool.inputs:
-            feeds["token_type_ids"] = np.zeros_like(batch)
+        feeds = self.feeds(ids)
         return self.pool.infer(padded_width(feeds, pad_id=self.pad_token_id, limit=self.max_seq_length))
 
 

@@ -79,7 +79,40 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np
     return batch, mask
 
 
-class OnnxEncoder(BatchEncoding):
+class ExportedEncoder(BatchEncoding):
+    """A bi-encoder export's settings, read from its ``embforge_onnx.json`` (pooling, normalisation, length,
+    prompts, dimension), and its padded graph inputs: what the onnxruntime and OpenVINO runtimes share; each
+    adds its inference engine and :meth:`embed_batch`."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any], *, graph: Path, inputs: set[str]
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.graph = graph
+        self.input_names = inputs
+        self.pooling: str = meta["pooling"]
+        self.normalize: bool = bool(meta["normalize"])
+        self.max_seq_length: int = int(meta["max_seq_length"])
+        self.prompts: dict[str, str] = dict(meta.get("prompts") or {})
+        self.default_prompt_name: str | None = meta.get("default_prompt_name")
+        self.append_token_id: int | None = meta.get("append_token_id")  # decoders (modeling/decoder.py)
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def feeds(self, ids: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+        """The graph's inputs for token-id lists right-padded together (``token_type_ids`` zeros where the graph
+        takes them)."""
+        batch, mask = pad_batch(ids, self.pad_token_id)
+        feeds = {"input_ids": batch, "attention_mask": mask}
+        if "token_type_ids" in self.input_names:
+            feeds["token_type_ids"] = np.zeros_like(batch)
+        return feeds
+
+
+class OnnxEncoder(ExportedEncoder):
     """A bi-encoder running an exported graph: texts -> vectors, same ``encode()`` as :class:`Encoder`."""
 
     def __init__(
@@ -90,17 +123,8 @@ class OnnxEncoder(BatchEncoding):
         *,
         graph: Path,
     ) -> None:
+        super().__init__(tokenizer, meta, graph=graph, inputs={i.name for i in session.get_inputs()})
         self.session = session
-        self.tokenizer = tokenizer
-        self.meta = meta
-        self.graph = graph
-        self.pooling: str = meta["pooling"]
-        self.normalize: bool = bool(meta["normalize"])
-        self.max_seq_length: int = int(meta["max_seq_length"])
-        self.prompts: dict[str, str] = dict(meta.get("prompts") or {})
-        self.default_prompt_name: str | None = meta.get("default_prompt_name")
-        self.append_token_id: int | None = meta.get("append_token_id")  # decoders (modeling/decoder.py)
-        self._inputs = {i.name for i in session.get_inputs()}
 
     @classmethod
     def load(
@@ -130,17 +154,9 @@ class OnnxEncoder(BatchEncoding):
             model.max_seq_length = max_seq_length
         return model
 
-    @property
-    def dim(self) -> int:
-        return int(self.meta["dim"])
-
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One graph call on a list of token-id lists (padded together): ``(n, dim)`` float32."""
-        batch, mask = pad_batch(ids, self.pad_token_id)
-        feeds = {"input_ids": batch, "attention_mask": mask}
-        if "token_type_ids" in self._inputs:
-            feeds["token_type_ids"] = np.zeros_like(batch)
-        return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
+        return np.asarray(self.session.run(None, self.feeds(ids))[0], dtype=np.float32)
 
     def embed_token_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 32) -> np.ndarray:
         """Embed tokenised texts in input order, in length-sorted batches of ``batch_size`` (the server's call)."""
