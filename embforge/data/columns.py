@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from embforge.files import DataError
 
@@ -43,6 +43,23 @@ def column_rank(name: str) -> tuple[int, int]:
     match = NEGATIVE.match(name)
     assert match is not None
     return (len(TEXT_ORDER), int(match.group(1)[1:]) if match.group(1) else 0)
+
+
+class NamedColumns:
+    """Mixin: the text and label columns among a row source's ``columns`` (a table read in memory, an Arrow cache,
+    a stream)."""
+
+    columns: Collection[str]
+
+    @property
+    def text_columns(self) -> list[str]:
+        """Text column names in their canonical order (``sentence1, sentence2`` / ``anchor, positive, negative…``)."""
+        return sorted((c for c in self.columns if is_text_column(c)), key=column_rank)
+
+    @property
+    def label_column(self) -> str | None:
+        """The label column (``score`` or ``label``), or ``None``."""
+        return next((c for c in LABEL_NAMES if c in self.columns), None)
 
 
 def parse_columns(spec: str | Mapping[str, str] | None) -> dict[str, str]:

@@ -43,7 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from embforge._optional import require
-from embforge.data.columns import LABEL_NAMES, column_rank, is_text_column, standard_mapping
+from embforge.data.columns import NamedColumns, standard_mapping
 from embforge.data.delimited import delimited_rows, header_names
 from embforge.data.tables import Dataset, check_value, json_target, read_table
 from embforge.files import DataError, read_lines
@@ -87,20 +87,6 @@ class RowSource(Protocol):
         """``{column: values}`` of rows ``start..end`` (fewer at the end of the source)."""
 
 
-class _Columns:
-    """Text and label column names from a source's ``columns`` (shared by the Arrow and stream sources)."""
-
-    columns: list[str]
-
-    @property
-    def text_columns(self) -> list[str]:
-        return sorted((c for c in self.columns if is_text_column(c)), key=column_rank)
-
-    @property
-    def label_column(self) -> str | None:
-        return next((c for c in LABEL_NAMES if c in self.columns), None)
-
-
 # ------------------------------------------------------------------------------------------------ bad rows
 @dataclass
 class BadRows:
@@ -140,6 +126,28 @@ def check_row(where: str, line: int, row: dict[str, object], expected: list[str]
     return checked
 
 
+@dataclass
+class RowChecker:
+    """Rows checked by :func:`check_row` as they are read, bad ones skipped by the ``bad`` policy; every row must
+    have the columns of the first good one (across all the files read through one checker)."""
+
+    bad: BadRows
+    expected: list[str] | None = None
+
+    def rows(
+        self, where: str, rows: Iterable[tuple[int, dict[str, object]]]
+    ) -> Iterator[tuple[int, dict[str, object]]]:
+        """``(line, checked row)`` of the good ``rows`` of ``where`` (a file or data set name)."""
+        for line, row in rows:
+            try:
+                checked = check_row(where, line, row, self.expected)
+            except DataError as err:
+                self.bad.skip(err)
+                continue
+            self.expected = self.expected or list(checked)
+            yield line, checked
+
+
 # ------------------------------------------------------------------------------------------------ file rows
 def data_files(path: str | os.PathLike) -> list[Path]:
     """The data files of ``path``: the file itself, or a folder's data files (any depth) in name order."""
@@ -166,19 +174,12 @@ def file_rows(
     Arrow cache's fingerprint, so an edited file is converted again. Lists are split across shards.
     """
     mapping = standard_mapping(columns)
-    bad = BadRows(max_bad_rows)
-    expected: list[str] | None = None
+    check = RowChecker(BadRows(max_bad_rows))
     for name, number in zip(files, numbers):
-        for line, row in _raw_rows(Path(name), mapping, header, bad):
-            try:
-                checked = check_row(name, line, row, expected)
-            except DataError as err:
-                bad.skip(err)
-                continue
-            expected = expected or list(checked)
-            yield {**checked, LINE: line, FILE: number}
-    if bad.count:
-        print(f"skipped {bad.count} bad row(s) in {len(files)} file(s)", file=sys.stderr)
+        for line, row in check.rows(name, _raw_rows(Path(name), mapping, header, check.bad)):
+            yield {**row, LINE: line, FILE: number}
+    if check.bad.count:
+        print(f"skipped {check.bad.count} bad row(s) in {len(files)} file(s)", file=sys.stderr)
 
 
 def _raw_rows(
@@ -239,25 +240,24 @@ def hub_rows(
     The Hub cache and ``HF_DATASETS_OFFLINE=1`` apply; the "line" of a row is its 1-based number in the split.
     """
     stream = require("datasets").load_dataset(name, split=split, streaming=True)
-    mapping = standard_mapping(columns)
-    bad = BadRows(max_bad_rows)
+    check = RowChecker(BadRows(max_bad_rows))
+    for line, row in check.rows(name, _record_rows(stream, standard_mapping(columns), name)):
+        yield {**row, LINE: line, FILE: 0}
+
+
+def _record_rows(
+    records: Iterable[Mapping[str, object]], mapping: dict[str, str], where: str
+) -> Iterator[tuple[int, dict[str, object]]]:
+    """``(line, row)`` of records (a Hub split's), their keys mapped to standard names as the first one's."""
     names: list[str | None] | None = None
-    expected: list[str] | None = None
-    for line, record in enumerate(stream, start=1):
+    for line, record in enumerate(records, start=1):
         if names is None:
-            names = header_names(list(record), mapping, f"{name}:")
-        row = {str(n): v for n, v in zip(names, record.values()) if n is not None}
-        try:
-            checked = check_row(name, line, row, expected)
-        except DataError as err:
-            bad.skip(err)
-            continue
-        expected = expected or list(checked)
-        yield {**checked, LINE: line, FILE: 0}
+            names = header_names(list(record), mapping, f"{where}:")
+        yield line, {str(n): v for n, v in zip(names, record.values()) if n is not None}
 
 
 # ---------------------------------------------------------------------------------------------- the sources
-class ArrowSource(_Columns):
+class ArrowSource(NamedColumns):
     """Rows of a memory-mapped ``datasets.Dataset`` (random access without reading the rest)."""
 
     def __init__(self, table: datasets.Dataset, *, path: str) -> None:
@@ -276,7 +276,7 @@ class ArrowSource(_Columns):
         return self.table[start:end]
 
 
-class StreamSource(_Columns):
+class StreamSource(NamedColumns):
     """Rows of an iterable (a ``datasets.IterableDataset``), buffered a window of ``window`` rows at a time.
 
     ``take`` and ``rows`` must stay inside one window (the plan cuts batches inside windows); a window

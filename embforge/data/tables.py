@@ -30,8 +30,8 @@ from embforge.data.columns import (
     NEGATIVE,
     STANDARD_HELP,
     TEXT_ORDER,
+    NamedColumns,
     as_integer,
-    column_rank,
     is_text_column,
     parse_columns,
     parse_number,
@@ -54,7 +54,7 @@ __all__ = [
 
 
 @dataclass
-class Dataset:
+class Dataset(NamedColumns):
     """Rows of one file as named columns. Text columns hold strings; ``score`` floats; ``label`` ints."""
 
     path: str
@@ -64,15 +64,6 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.lines)
-
-    @property
-    def text_columns(self) -> list[str]:
-        """Text column names in their canonical order (``sentence1, sentence2`` / ``anchor, positive, negative…``)."""
-        return sorted((c for c in self.columns if is_text_column(c)), key=column_rank)
-
-    @property
-    def label_column(self) -> str | None:
-        return next((c for c in LABEL_NAMES if c in self.columns), None)
 
     def texts(self) -> list[list[str]]:
         return [self.columns[c] for c in self.text_columns]
