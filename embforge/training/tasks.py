@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 import torch
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
     from embforge.multivector.model import MultiVectorEncoder
     from embforge.protocols import TextTokenizing, TrainableModel
+
+_Loss = TypeVar("_Loss", bound=BaseLoss)
 
 
 @dataclass
@@ -65,6 +67,15 @@ class Task:
                 f"{self.data.path}:1: {where} needs a 'score' or 'label' column; "
                 f"found {list(self.data.columns)}"
             )
+
+
+def checked_loss(task: Task, kind: type[_Loss], wrong_kind: str) -> _Loss:
+    """``task``'s loss once the task is valid (:meth:`Task.validate`) and its loss is of ``kind`` (the kind the
+    model trains with); else a ``ValueError`` naming the task and loss, ``wrong_kind`` saying what is wrong."""
+    task.validate()
+    if not isinstance(task.loss, kind):
+        raise ValueError(f"task {task.name!r}: loss {task.loss.name!r} {wrong_kind}")
+    return task.loss
 
 
 class _RowBatches:
@@ -125,16 +136,12 @@ class PreparedEmbeddingTask:
     """
 
     def __init__(self, task: Task, model: TextTokenizing) -> None:
-        task.validate()
-        if not isinstance(task.loss, EmbeddingLoss):
-            raise ValueError(
-                f"task {task.name!r}: loss {task.loss.name!r} is a cross-encoder loss; a bi-encoder needs an "
-                "embedding loss (see embforge.losses.LOSSES)"
-            )
-        self.loss = task.loss
-        self.task = task
-        self.model = model
-        self.names = task.data.text_columns
+        self.loss = checked_loss(
+            task,
+            EmbeddingLoss,
+            "is a cross-encoder loss; a bi-encoder needs an embedding loss (see embforge.losses.LOSSES)",
+        )
+        self.task, self.model, self.names = task, model, task.data.text_columns
         self.prefixes = [model.prompt_text(prompt_name=task.prompts.get(c)) for c in self.names]
         self.copies = 2 if task.loss.repeat_single_text else 1
         self.rows = _RowBatches(task)
@@ -186,17 +193,13 @@ class PreparedCrossTask:
     """
 
     def __init__(self, task: Task, model: CrossEncoder) -> None:
-        task.validate()
-        if not isinstance(task.loss, CrossLoss):
-            raise ValueError(
-                f"task {task.name!r}: loss {task.loss.name!r} is a bi-encoder loss; a cross-encoder needs one of "
-                "bce, ce, cosent, mse, listwise"
-            )
-        self.loss = task.loss
-        self.task = task
-        self.model = model
-        self.grouped = task.loss.grouped
-        self.names = task.data.text_columns
+        self.loss = checked_loss(
+            task,
+            CrossLoss,
+            "is a bi-encoder loss; a cross-encoder needs one of bce, ce, cosent, mse, listwise",
+        )
+        self.task, self.model, self.names = task, model, task.data.text_columns
+        self.grouped = self.loss.grouped
         self.in_batch = self.grouped and len(self.names) == 2
         self.rows = _RowBatches(task, with_labels=not self.grouped)  # listwise: the loss sees scores only
         self.lengths = TokenLengths(self)
