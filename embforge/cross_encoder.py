@@ -316,6 +316,11 @@ class CrossEncoder(Tokenized, TransformerModule):
             ce.to(device)
         return ce
 
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Load the weights of the cross-encoder saved at ``path`` into this one, in place (a pipeline resuming
+        from its last finished stage)."""
+        self.load_state_dict(CrossEncoder.load(path).state_dict())
+
     def save(self, path: str | os.PathLike) -> None:
         """Write safetensors weights, tokenizer and sentence-transformers' cross-encoder config to ``path``."""
         self.backbone_config.sentence_transformers = {"activation_fn": _ACTIVATIONS[self.activation]}

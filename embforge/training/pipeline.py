@@ -36,6 +36,7 @@ computed when the stage starts and cached in the top-level ``teacher_cache`` fol
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +62,7 @@ from embforge.training.pipeline_file import (
     load_pipeline,
     parse_pipeline,
 )
-from embforge.training.run import make_loss, new_loss
+from embforge.training.run import make_loss, model_dim, new_loss
 from embforge.training.tasks import Task
 
 if TYPE_CHECKING:
@@ -116,8 +117,9 @@ def _where(pipeline: Pipeline, index: int, stage: Stage) -> str:
     return f"{pipeline.source}: stage {index} ({stage.name!r})"
 
 
-def _check_matryoshka(stage: Stage, dim: int, where: str) -> None:
-    if stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
+def _check_matryoshka(stage: Stage, dim: int | None, where: str) -> None:
+    """Matryoshka dimensions within the model's ``dim`` (a cross-encoder, ``dim=None``: its loss refuses them)."""
+    if dim is not None and stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
         raise PipelineError(
             f"{where}: field 'matryoshka_dims': {max(stage.matryoshka_dims)} is larger than the model's "
             f"dimension {dim}; use values <= {dim}"
@@ -136,8 +138,21 @@ def _task_data(spec: TaskSpec, pipeline: Pipeline, where: str) -> tuple[Any, Dat
     return source, data
 
 
-def _loss_error(spec: TaskSpec, where: str, err: ValueError) -> PipelineError:
-    return PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}")
+def _stage_loss(
+    spec: TaskSpec, stage: Stage, data: Dataset, where: str, build: Callable[..., BaseLoss]
+) -> BaseLoss:
+    """The task's loss from ``build`` (:func:`new_loss` for a model kind and dimension, or :func:`make_loss` for a
+    model) with the stage's Matryoshka settings; an error names the stage, task and field."""
+    try:
+        return build(
+            spec.loss,
+            data=data,
+            options=spec.options,
+            matryoshka_dims=stage.matryoshka_dims,
+            matryoshka_weights=stage.matryoshka_weights,
+        )
+    except ValueError as err:
+        raise PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}") from None
 
 
 def _task(spec: TaskSpec, data: Dataset, loss: BaseLoss, where: str) -> Task:
@@ -151,10 +166,11 @@ def _task(spec: TaskSpec, data: Dataset, loss: BaseLoss, where: str) -> Task:
 
 
 def check_stage(
-    stage: Stage, index: int, pipeline: Pipeline, *, dim: int, kind: ModelKind = ModelKind.DENSE
+    stage: Stage, index: int, pipeline: Pipeline, *, dim: int | None, kind: ModelKind = ModelKind.DENSE
 ) -> None:
     """Check a stage before any model is loaded: its data exist and have the columns its losses need; the loss
-    names, options and mining settings are valid; Matryoshka dimensions fit a model of ``dim``."""
+    names, options and mining settings are valid; Matryoshka dimensions fit a model of ``dim`` (``None``: a
+    cross-encoder)."""
     where_stage = _where(pipeline, index, stage)
     _check_matryoshka(stage, dim, where_stage)
     for spec in stage.tasks:
@@ -162,20 +178,14 @@ def check_stage(
         _, data = _task_data(spec, pipeline, where)
         if spec.teacher is not None:  # the teacher's embeddings will be the labels
             data = targets.placeholder_targets(data)
-        try:
-            loss = new_loss(
-                spec.loss,
-                kind=kind,
-                dim=dim,
-                data=data,
-                options=spec.options,
-                matryoshka_dims=stage.matryoshka_dims,
-                matryoshka_weights=stage.matryoshka_weights,
-            )
-        except ValueError as err:
-            raise _loss_error(spec, where, err) from None
+        loss = _stage_loss(spec, stage, data, where, functools.partial(new_loss, kind=kind, dim=dim))
         if spec.mine is not None:  # the rows mining reads
             _mining_config(spec, where)
+            if kind == ModelKind.CROSS:
+                raise PipelineError(
+                    f"{where}: field 'mine': negatives are mined with an embedding model, and a cross-encoder "
+                    "scores pairs; mine them in a file first ('embforge mine') and train on that file"
+                )
             data.require(["anchor", "positive"], purpose=f"mining for {where}")
         _task(spec, data, loss, where)
 
@@ -185,7 +195,7 @@ def build_stage_tasks(
 ) -> list[Task]:
     """A stage's tasks for ``model``: their data, the teachers' targets, mined negatives and losses."""
     where_stage = _where(pipeline, index, stage)
-    _check_matryoshka(stage, model.dim, where_stage)
+    _check_matryoshka(stage, model_dim(model), where_stage)
     rows: dict[str, tuple[Any, Dataset]] = {}
     loaded: dict[str, Any] = {}  # teachers, loaded once per stage
     for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
@@ -198,17 +208,7 @@ def build_stage_tasks(
     for spec in stage.tasks:
         where = f"{where_stage}, task {spec.name!r}"
         source, data = rows[spec.name]
-        try:
-            loss = make_loss(
-                spec.loss,
-                model=model,
-                data=data,
-                options=spec.options,
-                matryoshka_dims=stage.matryoshka_dims,
-                matryoshka_weights=stage.matryoshka_weights,
-            )
-        except ValueError as err:
-            raise _loss_error(spec, where, err) from None
+        loss = _stage_loss(spec, stage, data, where, functools.partial(make_loss, model=model))
         if spec.mine is not None:
             data = _mined(spec, source, data, model, workdir, where)
         tasks.append(_task(spec, data, loss, where))
@@ -268,8 +268,9 @@ def stage_dir(pipeline: Pipeline, index: int) -> Path:
     return Path(pipeline.output) / f"stage-{index}-{pipeline.stages[index - 1].name}"
 
 
-def validate_pipeline(pipeline: Pipeline, *, dim: int, kind: ModelKind = ModelKind.DENSE) -> None:
-    """Check every stage (:func:`check_stage`) up front, for a model of ``kind`` and dimension ``dim``."""
+def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind = ModelKind.DENSE) -> None:
+    """Check every stage (:func:`check_stage`) up front, for a model of ``kind`` and dimension ``dim`` (``None``
+    for a cross-encoder)."""
     for i, stage in enumerate(pipeline.stages, 1):
         check_stage(stage, i, pipeline, dim=dim, kind=kind)
 
@@ -311,7 +312,8 @@ def run_pipeline(
     Args:
         pipeline: A parsed pipeline (:func:`load_pipeline`).
         output: Overrides the file's ``output`` folder.
-        model: An already loaded encoder to train in place (else the file's ``model`` is loaded).
+        model: An already loaded model of any kind to train in place, e.g. a
+            :class:`~embforge.cross_encoder.CrossEncoder` (else the file's ``model`` is loaded as an encoder).
         device: Overrides every stage's device.
         quiet: Overrides every stage's progress-bar setting.
         on_step: Called with ``(stage number, step)`` after every optimiser step.
@@ -328,7 +330,7 @@ def run_pipeline(
     pipeline = _overridden(pipeline, output=output, seed=seed, device=device, quiet=quiet)
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
-    validate_pipeline(pipeline, dim=model.dim, kind=kind_of(model))  # before any training
+    validate_pipeline(pipeline, dim=model_dim(model), kind=kind_of(model))  # before any training
     out = Path(pipeline.output)
     started = [stage_dir(pipeline, i) for i in range(1, len(pipeline.stages) + 1)]
     if not resume and any(folder.exists() for folder in started):

@@ -135,6 +135,11 @@ def new_loss(
     )
 
 
+def model_dim(model: Kinded) -> int | None:
+    """The dimension of ``model``'s embeddings; ``None`` for a cross-encoder (it scores pairs, embeds nothing)."""
+    return None if kind_of(model) == ModelKind.CROSS else cast("Embedder", model).dim
+
+
 def make_loss(
     name: str,
     *,
@@ -147,12 +152,10 @@ def make_loss(
     """The loss ``name`` for ``model`` (:func:`new_loss` for its kind and dimension); an embedding loss then
     sets its data-dependent starting values from ``model`` (:meth:`~embforge.losses.base.EmbeddingLoss.start_from`)
     when the data is a table (a stream's rows are not all known)."""
-    kind = kind_of(model)
-    embedder = None if kind == ModelKind.CROSS else cast("Embedder", model)  # a kind with a dimension
     loss = new_loss(
         name,
-        kind=kind,
-        dim=None if embedder is None else embedder.dim,
+        kind=kind_of(model),
+        dim=model_dim(model),
         data=data,
         options=options,
         matryoshka_dims=matryoshka_dims,
