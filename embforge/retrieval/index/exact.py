@@ -164,7 +164,11 @@ class NumpyIndex(InMemoryIndex):
         return cls(meta["dim"])
 
     def snapshot(self) -> Callable[[Path], None]:
-        ids, vectors, meta = list(self.ids), self.vectors, self.settings()  # rows [0, n) are never written again
+        ids, vectors, meta = (
+            list(self.ids),
+            self.vectors,
+            self.settings(),
+        )  # rows [0, n) are never written again
 
         def write(folder: Path) -> None:
             np.save(folder / "vectors.npy", vectors)
