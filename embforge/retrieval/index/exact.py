@@ -164,11 +164,8 @@ class NumpyIndex(InMemoryIndex):
         return cls(meta["dim"])
 
     def snapshot(self) -> Callable[[Path], None]:
-        ids, vectors, meta = (
-            list(self.ids),
-            self.vectors,
-            self.settings(),
-        )  # rows [0, n) are never written again
+        ids, vectors = list(self.ids), self.vectors  # rows [0, n) are never written again
+        meta = self.settings()
 
         def write(folder: Path) -> None:
             np.save(folder / "vectors.npy", vectors)
