@@ -332,6 +332,8 @@ def table(results: list[dict]) -> None:
     ratio = [r["embforge_pairs_s"] / r["pylate_pairs_s"] for r in results]
     gap = [r["embforge"]["ndcg@10"] - r["pylate"]["ndcg@10"] for r in results]
     print(f"\nembforge / pylate pairs/s: {cell(ratio)}x; NDCG@10 embforge - pylate: {cell(gap)}")
+    if any("plaid_recall@10" not in r for r in results):  # --no-plaid
+        return
     print(
         f"PLAID recall@10 vs exact MaxSim: {cell([r['plaid_recall@10'] for r in results])}; "
         f"PLAID NDCG@10 {cell([r['plaid_ndcg@10'] for r in results])}"
