@@ -8,12 +8,51 @@ import dataclasses
 import inspect
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypedDict, TypeVar
 
 from embforge.modeling.precision import AMP_SETTINGS
 from embforge.modeling.resolve import DEFAULT_MODEL
 
 T = TypeVar("T")
+
+
+class _FlagOptions(TypedDict, total=False):
+    action: str
+    type: Callable[[str], object]
+    default: object
+    metavar: str | None
+    choices: Sequence[str] | None
+
+
+class Flag(NamedTuple):
+    """One option of a verb as a table row (:func:`add_flags`): its name, help, value type and default; ``action``
+    ``"append"`` repeats it, ``"store_true"`` makes it a switch (no value)."""
+
+    name: str
+    help: str
+    type: Callable[[str], object] = str
+    default: object = None
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    action: str = "store"
+
+    def options(self) -> _FlagOptions:
+        """The keyword arguments of ``add_argument`` besides the help (a switch takes no value settings)."""
+        if self.action == "store_true":
+            return {"action": self.action}
+        return _FlagOptions(
+            action=self.action,
+            type=self.type,
+            default=self.default,
+            metavar=self.metavar,
+            choices=self.choices,
+        )
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
+    """Add ``flags`` to ``parser``, in order."""
+    for flag in flags:
+        parser.add_argument(flag.name, help=flag.help, **flag.options())
 
 
 def add_model_arg(parser: argparse.ArgumentParser, *, amp: bool = True) -> None:
