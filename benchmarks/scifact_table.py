@@ -47,17 +47,23 @@ def main():
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import evaluate_retrieval
     from embforge.losses import get_loss
+    from embforge.retrieval.mining import MiningConfig
     from embforge.training.config import TrainConfig
     from embforge.training.loop import train
-    from embforge.training.refresh import retrieval_training
+    from embforge.training.refresh import RefreshConfig, retrieval_training
 
     train_data = sub_corpus(load_scifact("train"), args.train_docs)
     dev = sub_corpus(load_scifact("dev"), args.eval_docs)
+
+    def refresh(method: str, every: int = 0, start: float = 1.0, end: float = 1.0) -> RefreshConfig:
+        mining = MiningConfig(method=method, num_negatives=1, relative_margin=0.05)
+        return RefreshConfig(every=every, hard_ratio_start=start, hard_ratio_end=end, mining=mining)
+
     settings = {
-        "in-batch": {"num_negatives": 0, "method": "dense", "refresh_every": 0},
-        "bm25": {"num_negatives": 1, "method": "bm25", "refresh_every": 0},
-        "dense": {"num_negatives": 1, "method": "dense", "refresh_every": 0},
-        "ance": {"num_negatives": 1, "method": "dense", "refresh_every": args.refresh_every},
+        "in-batch": None,
+        "bm25": refresh("bm25"),
+        "dense": refresh("dense"),
+        "ance": refresh("dense", args.refresh_every, 0.3, 0.9),
     }
     print(
         f"dev: {len(dev.query_ids)} queries, {len(dev.doc_ids)} documents; "
@@ -75,12 +81,10 @@ def main():
                 model,
                 data=train_data,
                 loss=loss,
+                refresh=settings[row],
                 total_steps=args.steps,
-                hard_ratio_start=0.3 if row == "ance" else 1.0,
-                hard_ratio_end=0.9 if row == "ance" else 1.0,
                 output=out,
                 other_tasks=[],
-                **settings[row],
             )
             config = TrainConfig(
                 output=out,

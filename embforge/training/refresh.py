@@ -270,42 +270,29 @@ def retrieval_training(
     *,
     data: RetrievalData,
     loss: BaseLoss,
-    num_negatives: int,
-    method: str,
-    refresh_every: int,
-    hard_ratio_start: float,
-    hard_ratio_end: float,
+    refresh: RefreshConfig | None,
     total_steps: int,
     output: str | Path,
     other_tasks: list[Task],
     resume: bool = False,
-    background: bool = True,
 ) -> tuple[list[Task], Any]:
     """The tasks and trainer hook for training on retrieval data (``embforge train --retrieval-train DIR``).
 
-    ``num_negatives=0`` trains on ``anchor, positive`` pairs only (in-batch negatives); otherwise the first negatives
-    are mined with the initial model (``method``: dense, bm25 or hybrid) at ``hard_ratio_start`` and, with
-    ``refresh_every > 0``, re-mined ANCE-style during training (in a background thread unless ``background`` is
-    false). With ``resume``, the negatives in use at the latest checkpoint in ``output`` are restored instead.
+    ``refresh=None`` trains on ``anchor, positive`` pairs only (in-batch negatives); otherwise the first negatives
+    are mined with the initial model (``refresh.mining``) at ``refresh.hard_ratio_start`` and, with
+    ``refresh.every > 0``, re-mined ANCE-style during training (in a background thread unless ``refresh.background``
+    is false). With ``resume``, the negatives in use at the latest checkpoint in ``output`` are restored instead.
     Returns ``(all tasks, refresher hook or None)``.
     """
-    if num_negatives == 0:
+    if refresh is None:
         from embforge.data.retrieval import training_pairs
 
         return [*other_tasks, Task(data.name or "retrieval", training_pairs(data), loss)], None
-    mining = MiningConfig(method=method, num_negatives=num_negatives, relative_margin=0.05)
-    config = RefreshConfig(
-        every=refresh_every,
-        hard_ratio_start=hard_ratio_start,
-        hard_ratio_end=hard_ratio_end,
-        background=background,
-        mining=mining,
-    )
     refresher = NegativeRefresher(
-        data, loss, config, total_steps=total_steps, log_dir=output, name="retrieval"
+        data, loss, refresh, total_steps=total_steps, log_dir=output, name="retrieval"
     )
     mined = (refresher.resume() if resume else None) or refresher.build_tasks(model, 0)
-    if not refresh_every:
+    if not refresh.every:
         return [*other_tasks, *mined], None
 
     return [*other_tasks, *mined], _RefreshHook(refresher, other_tasks)

@@ -28,6 +28,7 @@ from embforge.training.tasks import Task
 
 if TYPE_CHECKING:
     from embforge.protocols import Embedder, Kinded
+    from embforge.training.refresh import RefreshConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -325,6 +326,22 @@ def run(spec: RunSpec) -> dict[str, Any]:
     return train(model, tasks, spec.config, evaluator=evaluator, refresher=refresher)
 
 
+def _refresh_config(spec: RunSpec) -> RefreshConfig | None:
+    """The mined negatives of a retrieval run and their ANCE refresh schedule; ``None``: in-batch negatives only."""
+    from embforge.retrieval.mining import MiningConfig
+    from embforge.training.refresh import RefreshConfig
+
+    if spec.num_negatives == 0:
+        return None
+    mining = MiningConfig(method=spec.mine_method, num_negatives=spec.num_negatives, relative_margin=0.05)
+    return RefreshConfig(
+        every=spec.refresh_negatives_every,
+        hard_ratio_start=spec.hard_ratio_start,
+        hard_ratio_end=spec.hard_ratio_end,
+        mining=mining,
+    )
+
+
 def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list[Task], Any, Any]:
     """Mined-negative retrieval task (+ ANCE refresh hook, + retrieval evaluator) from ``spec.retrieval_*``."""
     from embforge.data.folders import load_retrieval_folder
@@ -348,11 +365,7 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
         model,
         data=data,
         loss=loss,
-        num_negatives=spec.num_negatives,
-        method=spec.mine_method,
-        refresh_every=spec.refresh_negatives_every,
-        hard_ratio_start=spec.hard_ratio_start,
-        hard_ratio_end=spec.hard_ratio_end,
+        refresh=_refresh_config(spec),
         total_steps=steps,
         output=spec.config.output,
         other_tasks=tasks,

@@ -123,16 +123,17 @@ def test_resume_continues_with_the_negatives_of_the_last_checkpoint(tiny_model_d
             model,
             data=data,
             loss=get_loss("infonce"),
-            num_negatives=1,
-            method="dense",
-            refresh_every=2,
-            hard_ratio_start=0.3,
-            hard_ratio_end=0.9,
+            refresh=RefreshConfig(
+                every=2,
+                hard_ratio_start=0.3,
+                hard_ratio_end=0.9,
+                background=False,  # refreshes land at steps 2, 4, 6 exactly
+                mining=MiningConfig(method="dense", num_negatives=1, relative_margin=0.05),
+            ),
             total_steps=8,
             output=out,
             other_tasks=[],
             resume=resume,
-            background=False,  # refreshes land at steps 2, 4, 6 exactly
         )
         config = TrainConfig(
             output=str(out), max_steps=8, batch_size=4, save_every=4, resume=resume, quiet=True
