@@ -181,7 +181,7 @@ def static(out: Path, minilm: Path) -> dict:
     test = load_stsb("test")
     before = evaluate_sts(StaticEncoder.load(distilled), test)["spearman"]
     train_csv = (
-        Path(os.environ.get("EMBFORGE_DATA", ROOT / "shared" / "data")) / "stsb_en" / "stsb-en-train.csv"
+        Path(os.environ.get("EMBFORGE_DATA", ROOT.parent / "shared" / "data")) / "stsb_en" / "stsb-en-train.csv"
     )
     cli("train", "--model", str(distilled), "--model-type", "static", "--train", str(train_csv), "--loss",
         "cosent", "--lr", "0.05", "--epochs", "1", "--batch-size", "64", "--output", str(folder), "--quiet")  # fmt: skip
