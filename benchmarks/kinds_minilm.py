@@ -174,6 +174,7 @@ def static(out: Path, minilm: Path) -> dict:
     from embforge.data.builtin.stsb import load_stsb
     from embforge.evaluate.sts import evaluate_sts
     from embforge.serve.app import create_app
+    from embforge.serve.store import DocumentStore
     from embforge.static.model import StaticEncoder
 
     distilled, folder = out / "static-distilled", out / "static"
@@ -181,14 +182,18 @@ def static(out: Path, minilm: Path) -> dict:
     test = load_stsb("test")
     before = evaluate_sts(StaticEncoder.load(distilled), test)["spearman"]
     train_csv = (
-        Path(os.environ.get("EMBFORGE_DATA", ROOT.parent / "shared" / "data")) / "stsb_en" / "stsb-en-train.csv"
+        Path(os.environ.get("EMBFORGE_DATA", ROOT.parent / "shared" / "data"))
+        / "stsb_en"
+        / "stsb-en-train.csv"
     )
     cli("train", "--model", str(distilled), "--model-type", "static", "--train", str(train_csv), "--loss",
         "cosent", "--lr", "0.05", "--epochs", "1", "--batch-size", "64", "--output", str(folder), "--quiet")  # fmt: skip
     model = StaticEncoder.load(folder)
     after = evaluate_sts(model, test)["spearman"]
     gap = float(np.abs(model.encode(DOCS) - SentenceTransformer(str(folder)).encode(DOCS)).max())
-    embedded, hits = served(create_app(model), DOCS)
+    embedded, hits = served(
+        create_app(model, store=DocumentStore(model.dim)), DOCS
+    )  # a dense kind: /search needs a store
     return {
         "kind": "static",
         "stsb_test_spearman_distilled": before,
