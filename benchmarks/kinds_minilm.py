@@ -187,7 +187,7 @@ def static(out: Path, minilm: Path) -> dict:
         / "stsb-en-train.csv"
     )
     cli("train", "--model", str(distilled), "--model-type", "static", "--train", str(train_csv), "--loss",
-        "cosent", "--lr", "0.05", "--epochs", "1", "--batch-size", "64", "--output", str(folder), "--quiet")  # fmt: skip
+        "cosent", "--lr", "0.01", "--epochs", "1", "--batch-size", "32", "--output", str(folder), "--quiet")  # fmt: skip
     model = StaticEncoder.load(folder)
     after = evaluate_sts(model, test)["spearman"]
     gap = float(np.abs(model.encode(DOCS) - SentenceTransformer(str(folder)).encode(DOCS)).max())
