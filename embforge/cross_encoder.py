@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
-from embforge.modeling.dropout import text_keys
+from embforge.modeling.dropout import forward_keys, text_keys
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.packing import pack, packed_logits, supports_packed_classifier
@@ -69,7 +69,6 @@ class CrossEncoder(Tokenized, TransformerModule):
     """
 
     kind: ClassVar[ModelKind] = ModelKind.CROSS
-    name_or_path: str | None = None  # set by load()
     peft_slot = ("model", "SEQ_CLS")  # peft keeps the classification head fully trainable (modules_to_save)
 
     def __init__(
@@ -136,14 +135,10 @@ class CrossEncoder(Tokenized, TransformerModule):
         if isinstance(items, Tensor):
             assert attention_mask is not None, "a padded id tensor needs its attention_mask"
             return self._padded_forward(items, attention_mask, token_type_ids)
-        if self.training and dropout_seed is None:
-            dropout_seed = int(torch.randint(0, 2**62, ()).item())
-        where = list(range(len(items))) if places is None else list(places)
+        seed, where = forward_keys(self.training, len(items), dropout_seed, places)
         # packing.py reads BERT's projection weights directly and would skip LoRA layers: adapted models go padded
         if supports_packed_classifier(self.model) and not uses_adapters(self.model):  # padding-free
-            keys = None
-            if self.training and dropout_seed is not None:
-                keys = text_keys(dropout_seed, where, device=self.device)
+            keys = None if seed is None else text_keys(seed, where, device=self.device)
             batch = pack(
                 [ids for ids, _ in items],
                 max_tokens=max_tokens or BLOCK_TOKENS,
@@ -159,7 +154,7 @@ class CrossEncoder(Tokenized, TransformerModule):
             max_tokens or CHUNK_TOKENS,
             lambda chunk: self._padded_forward(*self.pad(chunk)),
             lengths=[len(ids) for ids, _ in items],
-            seed=dropout_seed if self.training else None,
+            seed=seed,
             places=where,
         )
 
@@ -311,10 +306,7 @@ class CrossEncoder(Tokenized, TransformerModule):
         if has_adapter(root) and cross:  # LoRA: base + adapter/ (modeling/lora.py)
             model = load_adapter(model, root)
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
-        ce.name_or_path = str(path)  # as loaded: alias, Hub id or folder
-        if device is not None:
-            ce.to(device)
-        return ce
+        return ce.loaded_from(path, device=device)
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Load the weights of the cross-encoder saved at ``path`` into this one, in place (a pipeline resuming

@@ -23,22 +23,22 @@ from embforge.modeling.dense import ST_DENSE, Dense
 from embforge.modeling.dropout import mix, text_keys
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
-from embforge.modeling.module import TransformerModule, inference_context
+from embforge.modeling.module import TextModule, inference_context
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, token_chunks
 from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
 from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path
 from embforge.modeling.st_folder import (
-    MODULES_FILE,
     POOLING_DIR,
     ST_NORMALIZE,
     ST_POOLING,
     ST_TRANSFORMER,
-    TRANSFORMER_CONFIG_FILES,
     has_modules,
     read_st_settings,
     write_json,
-    write_st_config,
+    write_model_config,
+    write_modules,
+    write_transformer_config,
 )
 from embforge.onnx.runtime import OnnxEncoder
 
@@ -64,7 +64,7 @@ class LoadOptions(TypedDict, total=False):
     max_seq_length: int | None
 
 
-class Encoder(BatchEncoding, TransformerModule):
+class Encoder(BatchEncoding, TextModule):
     """A bi-encoder: texts -> fixed-size vectors.
 
     Example:
@@ -74,7 +74,6 @@ class Encoder(BatchEncoding, TransformerModule):
     """
 
     kind: ClassVar[ModelKind] = ModelKind.DENSE
-    name_or_path: str | None = None  # set by load()
 
     def __init__(
         self,
@@ -124,52 +123,28 @@ class Encoder(BatchEncoding, TransformerModule):
             int(self.dense.out_features) if self.dense is not None else int(self.backbone_config.hidden_size)
         )
 
-    # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        ids: Sequence[Sequence[int]] | Tensor,
-        attention_mask: Tensor | None = None,
-        *,
-        max_tokens: int | None = None,
-        dropout_seed: int | None = None,
-        places: Sequence[int] | None = None,
+    # ------------------------------------------------------------------ forward (TextModule.forward)
+    def forward_ids(
+        self, ids: Sequence[Sequence[int]], *, max_tokens: int | None, seed: int | None, places: list[int]
     ) -> Tensor:
-        """Embed texts: ``(n, dim)`` float embeddings, in the input order.
-
-        Two input forms:
-
-        - ``ids``: token-id lists (the training forward). BERT-family backbones run padding-free
-          (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded attention block, default
-          ``BLOCK_TOKENS``), others in length-sorted padded chunks of at most ``max_tokens`` tokens (default
-          ``CHUNK_TOKENS``). Either way each text's embedding is what
-          one padded forward would give. In training mode dropout is keyed by ``dropout_seed`` and each text's
-          place in the whole batch (``places``, default ``0..n-1``; :mod:`embforge.modeling.dropout`), so the
-          result does not depend on how the batch is cut; ``dropout_seed=None`` draws one from torch's generator.
-        - a padded ``(batch, seq)`` id tensor and its ``attention_mask`` (inference and ONNX export).
-        """
-        if isinstance(ids, Tensor):
-            assert attention_mask is not None, "a padded id tensor needs its attention_mask"
-            return self._padded_forward(ids, attention_mask)
-        if self.training and dropout_seed is None:
-            dropout_seed = int(torch.randint(0, 2**62, ()).item())
-        where = list(range(len(ids))) if places is None else list(places)
+        """``(n, dim)`` float embeddings of token-id lists, in the input order. BERT-family backbones run
+        padding-free (:mod:`embforge.modeling.packing`; ``max_tokens`` bounds each padded attention block, default
+        ``BLOCK_TOKENS``), Qwen, Llama and Mistral packed causal (:mod:`embforge.modeling.decoder_packing`),
+        others in length-sorted padded chunks of at most ``max_tokens`` tokens (default ``CHUNK_TOKENS``)."""
         if supports_decoder_packing(self.backbone):  # Qwen/Llama/Mistral: packed causal (decoder_packing.py)
             batch = pack(ids, max_tokens=max_tokens or BLOCK_TOKENS, device=self.device)
             last_only = self.pooling == "lasttoken"
-            seed = mix(dropout_seed, where[0]) if self.training and dropout_seed is not None else None
             hidden = packed_decoder_hidden(
                 self.backbone,
                 batch,
                 last_tokens_only=last_only,
-                seed=seed,
+                seed=None if seed is None else mix(seed, places[0]),
                 checkpoint_layers=self.checkpointing,
             )
             emb = (hidden if last_only else pool_packed(hidden, batch, self.pooling)).float()
             return self._head(emb)[batch.inverse]
         if self.packs_tokens:  # BERT family, padding-free (packing.py)
-            keys = None
-            if self.training and dropout_seed is not None:
-                keys = text_keys(dropout_seed, where, device=self.device)
+            keys = None if seed is None else text_keys(seed, places, device=self.device)
             batch = pack(ids, max_tokens=max_tokens or BLOCK_TOKENS, keys=keys, device=self.device)
             first_only = self.pooling == "cls"  # the last layer then skips what CLS pooling never reads
             hidden = packed_hidden(
@@ -180,14 +155,14 @@ class Encoder(BatchEncoding, TransformerModule):
         return in_length_chunks(
             ids,
             max_tokens or CHUNK_TOKENS,
-            lambda chunk: self._padded_forward(
+            lambda chunk: self.padded_forward(
                 *pad_ids(chunk, self.pad_token_id, device=self.device, side=self.padding_side)
             ),
-            seed=dropout_seed if self.training else None,
-            places=where,
+            seed=seed,
+            places=places,
         )
 
-    def _padded_forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def padded_forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         hidden = backbone_hidden(self.backbone, input_ids, attention_mask)  # decoders: real-token positions
         return self._head(pool(hidden, attention_mask, self.pooling).float())
 
@@ -211,7 +186,7 @@ class Encoder(BatchEncoding, TransformerModule):
         if self.packs_tokens:
             return self(ids).float().cpu().numpy()
         batch_ids, mask = pad_ids(ids, self.pad_token_id, device=self.device, side=self.padding_side)
-        return self._padded_forward(batch_ids, mask).float().cpu().numpy()
+        return self.padded_forward(batch_ids, mask).float().cpu().numpy()
 
     def batch_plan(self, lengths: Sequence[int], batch_size: int) -> list[range]:
         """Padding-free backbones: length-sorted chunks of up to :meth:`encode_budget` real tokens (nothing is
@@ -282,11 +257,7 @@ class Encoder(BatchEncoding, TransformerModule):
             settings["max_seq_length"] = max_seq_length
         if settings.get("max_seq_length") is None:
             settings["max_seq_length"] = default_max_seq_length(tokenizer)
-        model = cls(backbone, tokenizer, **settings)
-        model.name_or_path = str(path)  # as loaded: alias, Hub id or folder
-        if device is not None:
-            model.to(device)
-        return model
+        return cls(backbone, tokenizer, **settings).loaded_from(path, device=device)
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Load the weights of the encoder saved at ``path`` into this one, in place (a pipeline resuming from its
@@ -300,34 +271,25 @@ class Encoder(BatchEncoding, TransformerModule):
         """Write safetensors weights, tokenizer and sentence-transformers configs to ``path``."""
         root = save_backbone(self.backbone, path)  # with adapters: base weights + adapter/ (lora.py)
         self.tokenizer.save_pretrained(root)
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
-            {"idx": 1, "name": "1", "path": POOLING_DIR, "type": ST_POOLING},
-        ]
+        modules = [("", ST_TRANSFORMER), (POOLING_DIR, ST_POOLING)]
         if self.dense is not None:
-            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": ST_DENSE})
+            modules.append(("2_Dense", ST_DENSE))
             self.dense.save(root / "2_Dense")
         if self.normalize:
-            n = len(modules)
-            modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize", "type": ST_NORMALIZE})
-            (root / f"{n}_Normalize").mkdir(exist_ok=True)
-        write_json(root / MODULES_FILE, modules)
-        write_json(
-            root / TRANSFORMER_CONFIG_FILES[0],
-            {"max_seq_length": self.max_seq_length, "do_lower_case": False},
-        )
+            modules.append((f"{len(modules)}_Normalize", ST_NORMALIZE))
+            (root / modules[-1][0]).mkdir(exist_ok=True)
+        write_modules(root, modules)
+        write_transformer_config(root, self.max_seq_length)
         (root / POOLING_DIR).mkdir(exist_ok=True)
         write_json(
             root / POOLING_DIR / "config.json",
             st_config_for_mode(self.pooling, self.backbone_config.hidden_size),
         )
-        write_st_config(
+        write_model_config(
             root,
-            {
-                "model_type": "SentenceTransformer",
-                "prompts": self.prompts,
-                "default_prompt_name": self.default_prompt_name,
-                "similarity_fn_name": "cosine",
-                **adapter_note(self.backbone),
-            },
+            "SentenceTransformer",
+            prompts=self.prompts,
+            default_prompt_name=self.default_prompt_name,
+            similarity="cosine",
+            **adapter_note(self.backbone),
         )

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from embforge.modeling.resolve import resolve_model_path
-from embforge.modeling.st_folder import has_modules, module_kind, read_modules, read_st_config
+from embforge.modeling.st_folder import has_modules, read_modules, read_st_config
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -101,7 +101,7 @@ def folder_kind(path: str | os.PathLike) -> ModelKind | None:
     """
     root = resolve_model_path(path)
     if has_modules(root):
-        types = [module_kind(module_type) for module_type, _, _ in read_modules(root)]
+        types = [module.kind for module in read_modules(root)]
         if types and types[0] == _STATIC_MODULE:
             return ModelKind.STATIC
     model_type = read_st_config(root).get("model_type")

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
     from torch import Tensor
+    from typing_extensions import Unpack
 
     from embforge.kinds import ModelKind
 
@@ -52,8 +53,26 @@ class TextTokenizing(Protocol):
     def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]: ...
 
 
+class BatchOptions(TypedDict, total=False):
+    """The keyword options of every text model's ``encode`` (dense, sparse): batching, prompts and progress."""
+
+    batch_size: int  # texts per forward pass (texts are length-sorted first, so batches pad little)
+    prompt: str | None  # a literal prefix for every text (overrides prompt_name)
+    prompt_name: str | None  # the name of one of the model's prompts (e.g. "query")
+    show_progress: bool | None  # a progress bar; None: the command's setting (embforge.progress)
+    on_batch: Callable[[int], None] | None  # called with each batch's size once it is embedded
+
+
+class EncodeOptions(BatchOptions, total=False):
+    """The keyword options of :meth:`Embedder.encode`
+    (:meth:`embforge.modeling.encoding.BatchEncoding.encode` documents each)."""
+
+    normalize: bool | None  # L2-normalise the output; None: the model's own setting
+    dim: int | None  # keep the first dim dimensions (Matryoshka), re-normalised when normalising
+
+
 class Embedder(Kinded, TextTokenizing, Protocol):
-    """A bi-encoder at inference: texts -> ``(n, dim)`` float32 vectors.
+    """A bi-encoder at inference: texts -> ``(n, dim)`` float32 vectors (``(dim,)`` for one string).
 
     PyTorch :class:`~embforge.encoder.Encoder`, the ONNX and OpenVINO runtimes, static models and the wrappers
     around them (sharded encoding, Matryoshka views) all offer it.
@@ -68,18 +87,7 @@ class Embedder(Kinded, TextTokenizing, Protocol):
     @property
     def prompts(self) -> dict[str, str]: ...
 
-    def encode(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        normalize: bool | None = None,
-        dim: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> np.ndarray: ...
+    def encode(self, texts: str | Sequence[str], **options: Unpack[EncodeOptions]) -> np.ndarray: ...
 
 
 class BatchEmbedder(Embedder, Protocol):

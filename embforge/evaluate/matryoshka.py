@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 
 from embforge._optional import require
+from embforge.modeling.encoding import l2_normalize
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from embforge.kinds import ModelKind
-    from embforge.protocols import Embedder
+    from embforge.protocols import Embedder, EncodeOptions
 
 
 class MatryoshkaResult(TypedDict):
@@ -63,35 +66,21 @@ class TruncatedModel:
     def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
         return self.model.tokenize_ids(texts, prefix=prefix)
 
-    def encode(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        normalize: bool | None = None,
-        dim: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> np.ndarray:
+    def encode(self, texts: str | Sequence[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
         """The model's (cached, full-size) embeddings cut to the first ``min(dim, self.dim)`` dimensions."""
         single = isinstance(texts, str)
         batch = [texts] if isinstance(texts, str) else list(texts)
-        key = hashlib.sha1(repr((batch, prompt, prompt_name)).encode()).hexdigest()
+        dim = options.pop("dim", None) or self.dim
+        normalize = options.get("normalize")
+        options["normalize"] = False  # the cache holds the raw embeddings; each view normalises its own cut
+        key = hashlib.sha1(
+            repr((batch, options.get("prompt"), options.get("prompt_name"))).encode()
+        ).hexdigest()
         if key not in self.cache:
-            self.cache[key] = self.model.encode(
-                batch,
-                batch_size=batch_size,
-                normalize=False,
-                prompt=prompt,
-                prompt_name=prompt_name,
-                show_progress=show_progress,
-                on_batch=on_batch,
-            )
-        out = self.cache[key][:, : min(self.dim, dim or self.dim)]
+            self.cache[key] = self.model.encode(batch, **options)
+        out = self.cache[key][:, : min(self.dim, dim)]
         if self.model.normalize if normalize is None else normalize:
-            out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+            out = l2_normalize(out)
         return out[0] if single else out
 
 

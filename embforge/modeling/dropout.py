@@ -59,6 +59,18 @@ def mix(*values: int) -> int:
     return z >> 1
 
 
+def forward_keys(
+    training: bool, count: int, dropout_seed: int | None, places: Sequence[int] | None
+) -> tuple[int | None, list[int]]:
+    """What a training forward keys the dropout of ``count`` texts (or pairs) with: the seed (``dropout_seed``, or
+    one drawn from torch's seeded generator when training without one; ``None`` outside training: no dropout)
+    and each text's place in the whole batch (``places``, default ``0..count-1``)."""
+    seed = None
+    if training:
+        seed = int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed
+    return seed, list(range(count)) if places is None else list(places)
+
+
 def hash64(x: Tensor) -> Tensor:
     """splitmix64's finaliser on an int64 tensor (wrapping arithmetic; logical shifts), elementwise."""
     x = x ^ ((x >> 30) & ((1 << 34) - 1))

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from embforge import __version__
 from embforge.modeling.dense import Dense
@@ -79,15 +79,68 @@ def module_kind(module_type: str) -> str:
     return module_type.rsplit(".", 1)[-1]
 
 
-def read_modules(root: Path) -> list[tuple[str, str, Path]]:
-    """``[(type, path as written, resolved folder), ...]`` of ``modules.json``, in order; a path that leaves the
-    folder is refused."""
+class Module(NamedTuple):
+    """One entry of ``modules.json``."""
+
+    type: str  # as written, e.g. "sentence_transformers.models.Pooling"
+    path: str  # the folder as written, relative to the model folder
+    folder: Path  # that folder, resolved (never outside the model folder)
+
+    @property
+    def kind(self) -> str:
+        """The module type's last name: ``"Pooling"``."""
+        return module_kind(self.type)
+
+
+def read_modules(root: Path) -> list[Module]:
+    """The entries of ``modules.json``, in order; a path that leaves the folder is refused."""
     modules_file = root / MODULES_FILE
     out = []
     for module in json.loads(modules_file.read_text()):
         relative = module.get("path", "")
-        out.append((module["type"], relative, inside(root, relative, modules_file)))
+        out.append(Module(module["type"], relative, inside(root, relative, modules_file)))
     return out
+
+
+def write_modules(root: Path, modules: Sequence[tuple[str, str]]) -> None:
+    """``modules.json`` of the module pipeline ``[(path, type), ...]``, numbered in order."""
+    numbered = [
+        {"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)
+    ]
+    write_json(root / MODULES_FILE, numbered)
+
+
+def read_max_seq_length(folder: Path) -> int | None:
+    """The token limit in a Transformer module's ``sentence_bert_config.json`` (or its older name), if any."""
+    found = next((folder / name for name in TRANSFORMER_CONFIG_FILES if (folder / name).exists()), None)
+    return None if found is None else read_json(found).get("max_seq_length")
+
+
+def write_transformer_config(folder: Path, max_seq_length: int) -> None:
+    """The Transformer module's ``sentence_bert_config.json`` (its token limit)."""
+    write_json(
+        folder / TRANSFORMER_CONFIG_FILES[0], {"max_seq_length": max_seq_length, "do_lower_case": False}
+    )
+
+
+def write_model_config(
+    root: Path,
+    model_type: str,
+    *,
+    prompts: Mapping[str, str],
+    default_prompt_name: str | None,
+    similarity: str,
+    **extra: object,
+) -> None:
+    """``config_sentence_transformers.json`` of a text model: its type (``SentenceTransformer``,
+    ``SparseEncoder``, ``ColBERT``), prompts, similarity function and ``extra`` settings."""
+    config = {
+        "model_type": model_type,
+        "prompts": dict(prompts),
+        "default_prompt_name": default_prompt_name,
+        "similarity_fn_name": similarity,
+    }
+    write_st_config(root, {**config, **extra})
 
 
 def read_st_settings(root: Path) -> dict:
@@ -103,9 +156,7 @@ def read_st_settings(root: Path) -> dict:
         kind = module_kind(module_type)
         if kind == "Transformer":
             settings["transformer_path"] = relative
-            found = next((sub / name for name in TRANSFORMER_CONFIG_FILES if (sub / name).exists()), None)
-            if found is not None:
-                settings["max_seq_length"] = read_json(found).get("max_seq_length")
+            settings["max_seq_length"] = read_max_seq_length(sub)
         elif kind == "Pooling":
             settings["pooling"] = mode_from_st_config(read_json(sub / "config.json"))
         elif kind == "Normalize":

@@ -28,15 +28,15 @@ from embforge.modeling.dense import Dense
 from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import load_backbone, resolve_model_path
 from embforge.modeling.st_folder import (
-    MODULES_FILE,
     ST_TRANSFORMER,
     has_modules,
-    module_kind,
     read_json,
     read_modules,
     read_st_config,
     write_json,
-    write_st_config,
+    write_model_config,
+    write_modules,
+    write_transformer_config,
 )
 
 if TYPE_CHECKING:
@@ -123,11 +123,11 @@ def read_multivector(
 def _modules(root: Path) -> tuple[str, list[str]]:
     """The Transformer's path and the Dense modules' paths of a ``modules.json`` (pooling/normalise skipped)."""
     transformer, denses = "", []
-    for module_type, relative, _ in read_modules(root):
-        if module_kind(module_type) == "Transformer":
-            transformer = relative
-        elif module_kind(module_type) == "Dense":
-            denses.append(relative)
+    for module in read_modules(root):
+        if module.kind == "Transformer":
+            transformer = module.path
+        elif module.kind == "Dense":
+            denses.append(module.path)
     return transformer, denses
 
 
@@ -145,25 +145,16 @@ def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None
     """Write ``model`` in pylate's layout (see the module docstring)."""
     root = save_backbone(model.backbone, path)
     model.tokenizer.save_pretrained(root)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
-        {"idx": 1, "name": "1", "path": "1_Dense", "type": PYLATE_DENSE},
-    ]
-    write_json(root / MODULES_FILE, modules)
-    write_json(
-        root / "sentence_bert_config.json",
-        {"max_seq_length": model.settings.document_length - 1, "do_lower_case": False},
-    )
+    write_modules(root, [("", ST_TRANSFORMER), ("1_Dense", PYLATE_DENSE)])
+    write_transformer_config(root, model.settings.document_length - 1)
     model.projection.save(root / "1_Dense")
     dense_config = read_json(root / "1_Dense" / "config.json")
     write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
-    write_st_config(
+    write_model_config(
         root,
-        {
-            "model_type": COLBERT_MODEL_TYPE,
-            "prompts": model.prompts,
-            "default_prompt_name": None,
-            "similarity_fn_name": "MaxSim",
-            **asdict(model.settings),
-        },
+        COLBERT_MODEL_TYPE,
+        prompts=model.prompts,
+        default_prompt_name=None,
+        similarity="MaxSim",
+        **asdict(model.settings),
     )

@@ -36,14 +36,14 @@ from torch import Tensor, nn
 from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
 from embforge.modeling.dropout import text_keys
-from embforge.modeling.module import TransformerModule, inference_context
+from embforge.modeling.module import TextModule, inference_context
 from embforge.modeling.packing import PackedBatch, pack, packed_hidden, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
 from embforge.multivector.folder import ColBERTSettings, read_multivector, save_multivector
 
 
-class MultiVectorEncoder(Tokenized, TransformerModule):
+class MultiVectorEncoder(Tokenized, TextModule):
     """A ColBERT model: a backbone, a token projection, markers, query augmentation and a punctuation skiplist.
 
     Example:
@@ -53,7 +53,6 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
     """
 
     kind: ClassVar[ModelKind] = ModelKind.MULTIVECTOR
-    name_or_path: str | None = None  # set by load()
     skiplist: Tensor  # token ids of the punctuation masked out of documents (a buffer)
 
     def __init__(
@@ -140,38 +139,32 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
             ids = [row + [self.expansion_id] * (length - len(row)) for row in ids]
         return ids
 
-    # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        ids: Sequence[Sequence[int]],
-        *,
-        max_tokens: int | None = None,
-        dropout_seed: int | None = None,
-        places: Sequence[int] | None = None,
+    # ------------------------------------------------------------------ forward (TextModule.forward)
+    def forward_ids(
+        self, ids: Sequence[Sequence[int]], *, max_tokens: int | None, seed: int | None, places: list[int]
     ) -> Tensor:
         """Token matrices ``(n, token_width, dim)`` of tokenised texts (:meth:`tokenize_ids`), in the input order;
         masked token rows are zero.
 
-        BERT-family backbones run padding-free (:func:`~embforge.modeling.packing.packed_hidden`; ``max_tokens``
-        bounds each padded attention block): the projection and everything before attention see only real
-        tokens, and a query's expansion tokens attend without being attended to. In training their dropout is
-        keyed by ``dropout_seed`` and each text's place in the whole batch (``places``), so the cached step's two
-        passes agree. Other backbones run in length-sorted padded chunks of at most ``max_tokens`` tokens, each
-        chunk's dropout seeded from ``dropout_seed`` and its first text's place
-        (:func:`~embforge.modeling.padding.in_length_chunks`)."""
-        if self.training and dropout_seed is None:
-            dropout_seed = int(torch.randint(0, 2**62, ()).item())
+        BERT-family backbones run padding-free (:meth:`packed_token_matrices`; ``max_tokens`` bounds each padded
+        attention block): the projection and everything before attention see only real tokens, and a query's
+        expansion tokens attend without being attended to. Other backbones run in length-sorted padded chunks of
+        at most ``max_tokens`` tokens (:meth:`token_matrices`), each chunk's dropout seeded from ``seed`` and its
+        first text's place (:func:`~embforge.modeling.padding.in_length_chunks`)."""
         if supports_packing(self.backbone):
             return self.packed_token_matrices(
-                ids, max_tokens=max_tokens or BLOCK_TOKENS, dropout_seed=dropout_seed, places=places
+                ids, max_tokens=max_tokens or BLOCK_TOKENS, seed=seed, places=places
             )
         return in_length_chunks(
             ids,
             max_tokens or CHUNK_TOKENS,
             lambda chunk: self.token_matrices(*pad_ids(chunk, self.pad_token_id, device=self.device)),
-            seed=dropout_seed if self.training else None,
+            seed=seed,
             places=places,
         )
+
+    def padded_forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.token_matrices(input_ids, attention_mask)
 
     def attended_lengths(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """How many leading tokens of each text are attended to: all of a document's; a query's up to its trailing
@@ -187,18 +180,11 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
         return np.where(is_query, last, lengths)
 
     def packed_token_matrices(
-        self,
-        ids: Sequence[Sequence[int]],
-        *,
-        max_tokens: int,
-        dropout_seed: int | None,
-        places: Sequence[int] | None = None,
+        self, ids: Sequence[Sequence[int]], *, max_tokens: int, seed: int | None, places: Sequence[int]
     ) -> Tensor:
-        """The padding-free forward: ``(n, token_width, dim)`` as :meth:`token_matrices` gives per padded chunk."""
-        keys = None
-        if self.training and dropout_seed is not None:
-            where = list(range(len(ids))) if places is None else list(places)
-            keys = text_keys(dropout_seed, where, device=self.device)
+        """The padding-free forward: ``(n, token_width, dim)`` as :meth:`token_matrices` gives per padded chunk
+        (dropout keyed by ``seed`` and ``places``; ``seed=None``: none)."""
+        keys = None if seed is None else text_keys(seed, places, device=self.device)
         attended = self.attended_lengths(ids)
         batch = pack(ids, max_tokens=max_tokens, keys=keys, attended=attended, device=self.device)
         hidden = packed_hidden(self.backbone, batch, checkpoint_layers=self.checkpointing)
@@ -290,10 +276,7 @@ class MultiVectorEncoder(Tokenized, TransformerModule):
         model = cls(
             parts.backbone, parts.tokenizer, parts.projection, settings=parts.settings, prompts=parts.prompts
         )
-        model.name_or_path = str(path)
-        if device is not None:
-            model.to(device)
-        return model
+        return model.loaded_from(path, device=device)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the folder in pylate's layout (loads with ``pylate.models.ColBERT``)."""

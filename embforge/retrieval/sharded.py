@@ -32,7 +32,9 @@ from embforge.parallel import (
 )
 
 if TYPE_CHECKING:
-    from embforge.protocols import BatchEmbedder
+    from typing_extensions import Unpack
+
+    from embforge.protocols import BatchEmbedder, EncodeOptions
 
 T = TypeVar("T")
 E = TypeVar("E", bound="BatchEmbedder | None")
@@ -51,12 +53,12 @@ class ShardedEncoder:
     def __getattr__(self, name: str) -> Any:  # a proxy: any attribute of the wrapped model, whatever its type
         return getattr(self.wrapped, name)
 
-    def encode(self, texts: str | Sequence[str], *, batch_size: int = 32, **options: Any) -> np.ndarray:
-        """``model.encode(texts, batch_size=batch_size, **options)``, each rank encoding a contiguous range of its
-        length-sorted batches (rank 0 alone shows progress and calls ``on_batch``, for all texts)."""
+    def encode(self, texts: str | Sequence[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
+        """``model.encode(texts, **options)``, each rank encoding a contiguous range of its length-sorted batches
+        (rank 0 alone shows progress and calls ``on_batch``, for all texts)."""
         model = self.wrapped
         if isinstance(texts, str) or self.shards == 1:
-            return model.encode(texts, batch_size=batch_size, **options)
+            return model.encode(texts, **options)
         texts = list(texts)
         me, main = rank(), is_main()
         start, end = spans_for(len(texts), self.shards)[me]
@@ -64,13 +66,14 @@ class ShardedEncoder:
         local_lengths = [len(ids) for ids in model.tokenize_ids(texts[start:end], prefix=prefix)]
         lengths = [n for part in all_gather_objects(local_lengths) for n in part]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # Encoder.encode's (stable) order
+        batch_size = options.get("batch_size", 32)  # the model's default
         plan = model.batch_plan([lengths[i] for i in order], batch_size)  # the single process's forwards
         first, last = spans_for(len(plan), self.shards)[me]
         rows = order[plan[first].start : plan[last - 1].stop] if first < last else []
         on_batch = options.get("on_batch") if main else None
         if not main:
             options = {**options, "show_progress": False, "on_batch": None}
-        local = model.encode([texts[i] for i in rows], batch_size=batch_size, **options)
+        local = model.encode([texts[i] for i in rows], **options)
         parts = all_gather_objects((rows, np.asarray(local, dtype=np.float32)))
         out = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
         for part_rows, vectors in parts:

@@ -29,10 +29,13 @@ from embforge.modeling.st_folder import (
     inside,
     module_kind,
     read_json,
+    read_max_seq_length,
     read_modules,
     read_st_config,
     write_json,
-    write_st_config,
+    write_model_config,
+    write_modules,
+    write_transformer_config,
 )
 
 if TYPE_CHECKING:
@@ -63,7 +66,7 @@ def _layout(root: Path) -> _Layout:
     found: _Layout = {"document": root, "query": None, "pooling": {}}
     if not has_modules(root):
         return found
-    modules = [(module_kind(module_type), sub) for module_type, _, sub in read_modules(root)]
+    modules = [(module.kind, module.folder) for module in read_modules(root)]
     if modules and modules[0][0] == "Router":
         router = modules[0][1] / "router_config.json"
         config = read_json(router)
@@ -116,9 +119,7 @@ def read_sparse_folder(
         tokenizer,
         pooling=pooling.get("pooling_strategy", "max"),
         activation=pooling.get("activation_function", "relu"),
-        max_seq_length=max_seq_length
-        or read_json(document / "sentence_bert_config.json").get("max_seq_length")
-        or default_max_seq_length(tokenizer),
+        max_seq_length=max_seq_length or read_max_seq_length(document) or default_max_seq_length(tokenizer),
         prompts={k: v for k, v in (st.get("prompts") or {}).items() if v},
         default_prompt_name=st.get("default_prompt_name"),
         query_weights=query_weights,
@@ -138,10 +139,7 @@ def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
     document = root / DOCUMENT_DIR if model.inference_free else root
     save_backbone(model.backbone, document)
     model.tokenizer.save_pretrained(document)
-    write_json(
-        document / "sentence_bert_config.json",
-        {"max_seq_length": model.max_seq_length, "do_lower_case": False},
-    )
+    write_transformer_config(document, model.max_seq_length)
     weights = model.query_weights  # inference-free: the query table
     if weights is not None:
         query = root / QUERY_DIR
@@ -158,20 +156,15 @@ def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
                 "parameters": {"default_route": "document", "allow_empty_key": True},
             },
         )
-        modules = [{"idx": 0, "name": "0", "path": "", "type": ST_ROUTER}]
+        modules = [("", ST_ROUTER)]
     else:
         write_json(root / "1_SpladePooling" / "config.json", pooling)
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": ST_MLM},
-            {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": ST_SPLADE_POOLING},
-        ]
-    write_json(root / MODULES_FILE, modules)
-    write_st_config(
+        modules = [("", ST_MLM), ("1_SpladePooling", ST_SPLADE_POOLING)]
+    write_modules(root, modules)
+    write_model_config(
         root,
-        {
-            "model_type": "SparseEncoder",
-            "prompts": {"query": "", "document": "", **model.prompts},
-            "default_prompt_name": model.default_prompt_name,
-            "similarity_fn_name": "dot",
-        },
+        "SparseEncoder",
+        prompts={"query": "", "document": "", **model.prompts},
+        default_prompt_name=model.default_prompt_name,
+        similarity="dot",
     )

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
-from embforge.modeling.module import TransformerModule, inference_context
+from embforge.modeling.module import TextModule, inference_context
 from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
@@ -35,6 +35,9 @@ from embforge.sparse.folder import read_sparse_folder, write_sparse_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+    from typing_extensions import Unpack
+
+    from embforge.protocols import BatchOptions
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -66,7 +69,7 @@ def splade_pool(
     return x.amax(dim=1) if pooling == "max" else x.sum(dim=1)
 
 
-class SparseEncoder(PromptTokenizing, TransformerModule):
+class SparseEncoder(PromptTokenizing, TextModule):
     """A SPLADE model: texts -> sparse vocabulary-size vectors, scored by dot product.
 
     Example:
@@ -76,7 +79,6 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
     """
 
     kind: ClassVar[ModelKind] = ModelKind.SPARSE
-    name_or_path: str | None = None
 
     def __init__(
         self,
@@ -126,34 +128,18 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         """Whether queries go through the per-token weight table instead of the MLM encoder."""
         return self.query_weights is not None
 
-    # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        ids: Sequence[Sequence[int]] | Tensor,
-        attention_mask: Tensor | None = None,
-        *,
-        max_tokens: int | None = None,
-        dropout_seed: int | None = None,
-        places: Sequence[int] | None = None,
+    # ------------------------------------------------------------------ forward (TextModule.forward)
+    def forward_ids(
+        self, ids: Sequence[Sequence[int]], *, max_tokens: int | None, seed: int | None, places: list[int]
     ) -> Tensor:
-        """Sparse vectors as a dense ``(n, vocab)`` float tensor, in the input order.
-
-        ``ids``: token-id lists (training; :class:`QueryIds` items go through the query table of an
-        inference-free model, the others through the MLM in length-sorted padded chunks of at most
-        ``max_tokens`` tokens, dropout keyed like :class:`~embforge.encoder.Encoder`'s padded path), or a padded
-        id tensor and its ``attention_mask`` (documents; inference and export).
-        """
-        if isinstance(ids, Tensor):
-            assert attention_mask is not None, "a padded id tensor needs its attention_mask"
-            return self._document_padded(ids, attention_mask)
-        if self.training and dropout_seed is None:
-            dropout_seed = int(torch.randint(0, 2**62, ()).item())
-        where = list(range(len(ids))) if places is None else list(places)
+        """Sparse vectors of token-id lists as a dense ``(n, vocab)`` float tensor, in the input order:
+        :class:`QueryIds` items through the query table of an inference-free model, the others through the MLM in
+        length-sorted padded chunks of at most ``max_tokens`` tokens (documents)."""
         # each chunk's MLM logits are (tokens, vocab) floats: cap them at 2^27 (512 MiB), whatever the budget
         max_tokens = min(max_tokens or CHUNK_TOKENS, max(self.max_seq_length, (1 << 27) // self.dim))
         queries = [i for i, x in enumerate(ids) if isinstance(x, QueryIds)] if self.inference_free else []
         if not queries:
-            return self._documents(ids, max_tokens=max_tokens, seed=dropout_seed, places=where)
+            return self._documents(ids, max_tokens=max_tokens, seed=seed, places=places)
         chosen = set(queries)
         documents = [i for i in range(len(ids)) if i not in chosen]
         out = torch.zeros(len(ids), self.dim, device=self.device)
@@ -162,8 +148,8 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
             docs = self._documents(
                 [ids[i] for i in documents],
                 max_tokens=max_tokens,
-                seed=dropout_seed,
-                places=[where[i] for i in documents],
+                seed=seed,
+                places=[places[i] for i in documents],
             )
             out = out.index_copy(0, self._rows(documents), docs)
         return out
@@ -177,12 +163,13 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         return in_length_chunks(
             ids,
             max_tokens,
-            lambda chunk: self._document_padded(*pad_ids(chunk, self.pad_token_id, device=self.device)),
-            seed=seed if self.training else None,
+            lambda chunk: self.padded_forward(*pad_ids(chunk, self.pad_token_id, device=self.device)),
+            seed=seed,
             places=places,
         )
 
-    def _document_padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def padded_forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Documents' sparse vectors from a padded id tensor (inference and export)."""
         logits = self.backbone(input_ids=input_ids, attention_mask=attention_mask).logits
         return splade_pool(logits.float(), attention_mask, pooling=self.pooling, activation=self.activation)
 
@@ -244,50 +231,21 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         return sp.csr_matrix(sp.vstack(parts, format="csr")[inverse], dtype=np.float32)
 
     def _encode_documents(self, ids: Sequence[Sequence[int]]) -> Tensor:
-        return self._document_padded(*pad_ids(ids, self.pad_token_id, device=self.device))
+        return self.padded_forward(*pad_ids(ids, self.pad_token_id, device=self.device))
 
-    def encode_query(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> sp.csr_matrix:
+    def encode_query(self, texts: str | Sequence[str], **options: Unpack[BatchOptions]) -> sp.csr_matrix:
         """:meth:`encode` with ``query=True``."""
-        return self.encode(
-            texts,
-            query=True,
-            batch_size=batch_size,
-            prompt=prompt,
-            prompt_name=prompt_name,
-            show_progress=show_progress,
-            on_batch=on_batch,
-        )
+        return self.encode(texts, query=True, **options)
 
-    def encode_document(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = 32,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        show_progress: bool | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> sp.csr_matrix:
+    def encode_document(self, texts: str | Sequence[str], **options: Unpack[BatchOptions]) -> sp.csr_matrix:
         """:meth:`encode` of documents (the ``"document"`` prompt when the model has one)."""
-        if prompt is None and prompt_name is None and "document" in self.prompts:
-            prompt_name = "document"
-        return self.encode(
-            texts,
-            batch_size=batch_size,
-            prompt=prompt,
-            prompt_name=prompt_name,
-            show_progress=show_progress,
-            on_batch=on_batch,
-        )
+        if (
+            options.get("prompt") is None
+            and options.get("prompt_name") is None
+            and "document" in self.prompts
+        ):
+            options["prompt_name"] = "document"
+        return self.encode(texts, **options)
 
     def decode(
         self, vector: sp.csr_matrix | sp.csr_array, *, top_k: int | None = None
@@ -312,10 +270,7 @@ class SparseEncoder(PromptTokenizing, TransformerModule):
         Hugging Face ``...ForMaskedLM`` folder (max pooling, ReLU). ``inference_free=True`` on a folder without
         a query table adds one (all weights 1) for training."""
         model = read_sparse_folder(cls, path, max_seq_length=max_seq_length, inference_free=inference_free)
-        model.name_or_path = str(path)
-        if device is not None:
-            model.to(device)
-        return model
+        return model.loaded_from(path, device=device)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sentence-transformers ``SparseEncoder`` folder (loads with ``SparseEncoder(path)``)."""

@@ -27,18 +27,18 @@ from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
 from embforge.modeling.encoding import BatchEncoding
-from embforge.modeling.module import inference_context
+from embforge.modeling.module import SavedModule, inference_context
 from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import (
     MODULES_FILE,
     ST_NORMALIZE,
     has_modules,
-    module_kind,
     read_json,
     read_modules,
     read_st_config,
     write_json,
-    write_st_config,
+    write_model_config,
+    write_modules,
 )
 
 ST_STATIC = "sentence_transformers.models.StaticEmbedding"
@@ -57,7 +57,7 @@ def fold_model2vec(weights: dict[str, Tensor]) -> Tensor:
     return table
 
 
-class StaticEncoder(BatchEncoding, nn.Module):
+class StaticEncoder(BatchEncoding, SavedModule):
     """Texts -> the (optionally normalised) mean of their tokens' embeddings.
 
     Example:
@@ -67,7 +67,6 @@ class StaticEncoder(BatchEncoding, nn.Module):
     """
 
     kind: ClassVar[ModelKind] = ModelKind.STATIC
-    name_or_path: str | None = None
 
     def __init__(
         self,
@@ -92,10 +91,6 @@ class StaticEncoder(BatchEncoding, nn.Module):
     @property
     def dim(self) -> int:
         return int(self.embedding.embedding_dim)
-
-    @property
-    def device(self) -> torch.device:
-        return self.embedding.weight.device
 
     # ------------------------------------------------------------------ tokens and forward
     def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
@@ -162,10 +157,7 @@ class StaticEncoder(BatchEncoding, nn.Module):
             default_prompt_name=st_config.get("default_prompt_name"),
             config=config,
         )
-        model.name_or_path = str(path)
-        if device is not None:
-            model.to(device)
-        return model
+        return model.loaded_from(path, device=device)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model2vec layout (also a sentence-transformers ``StaticEmbedding`` model)."""
@@ -186,20 +178,18 @@ class StaticEncoder(BatchEncoding, nn.Module):
             "max_length": self.max_seq_length,
             "embedding_dtype": "float32",
         }
-        modules = [{"idx": 0, "name": "0", "path": ".", "type": ST_STATIC}]
+        modules = [(".", ST_STATIC)]
         if self.normalize:
-            modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE})
+            modules.append(("1_Normalize", ST_NORMALIZE))
             (root / "1_Normalize").mkdir(exist_ok=True)
         write_json(root / "config.json", config)
-        write_json(root / MODULES_FILE, modules)
-        write_st_config(
+        write_modules(root, modules)
+        write_model_config(
             root,
-            {
-                "model_type": "SentenceTransformer",
-                "prompts": self.prompts,
-                "default_prompt_name": self.default_prompt_name,
-                "similarity_fn_name": "cosine",
-            },
+            "SentenceTransformer",
+            prompts=self.prompts,
+            default_prompt_name=self.default_prompt_name,
+            similarity="cosine",
         )
 
 
@@ -208,10 +198,10 @@ def _static_module(root: Path) -> tuple[Path, bool]:
     if not has_modules(root):
         return root, True
     modules = read_modules(root)
-    kinds = [module_kind(module_type) for module_type, _, _ in modules]
+    kinds = [module.kind for module in modules]
     if not kinds or kinds[0] != "StaticEmbedding" or set(kinds[1:]) - {"Normalize"}:
         raise ValueError(
             f"{root / MODULES_FILE}: a static model is StaticEmbedding (+ Normalize); found "
             f"{', '.join(kinds) or 'nothing'}"
         )
-    return modules[0][2], "Normalize" in kinds[1:]
+    return modules[0].folder, "Normalize" in kinds[1:]

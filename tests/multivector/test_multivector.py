@@ -268,6 +268,15 @@ def test_padding_free_forward_equals_the_padded_forward_with_gradients(colbert: 
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))
 
 
+def test_a_padded_id_tensor_runs_the_padded_forward(colbert: MultiVectorEncoder) -> None:
+    ids = colbert.tokenize_ids(QUERIES, is_query=True) + colbert.tokenize_ids(DOCS)
+    colbert.eval()
+    with torch.no_grad():  # one padded batch of queries and documents, as an exported graph takes it
+        padded = colbert(*pad_ids(ids, colbert.pad_token_id))
+        assert padded.shape == (len(ids), colbert.token_width, colbert.dim)
+        assert torch.allclose(padded, _padded_reference(colbert, ids), atol=1e-5)
+
+
 def test_attended_lengths_stop_at_the_query_expansion(colbert: MultiVectorEncoder) -> None:
     queries = colbert.tokenize_ids(["a cat plays", "a cat"], is_query=True)
     docs = colbert.tokenize_ids(["a cat plays"])
