@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from embforge.cross_encoder import CrossEncoder
     from embforge.kinds import ModelKind
-    from embforge.protocols import PairScorer
+    from embforge.onnx.runtime import OnnxCrossEncoder
 
 log = logging.getLogger("embforge.backends")
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
@@ -160,7 +161,7 @@ def load_scorer(
     threads: int | None = None,
     cache: Path | None = None,
     streams: int = 1,
-) -> PairScorer:
+) -> CrossEncoder | OnnxCrossEncoder:
     """A cross-encoder (reranker) on ``backend`` (one of :data:`SCORER_BACKENDS`; ``openvino-int8`` means
     ``openvino`` here: its static quantiser calibrates on single texts, not pairs). ``auto`` is OpenVINO fp32 when
     installed, else ONNX Runtime fp32, else PyTorch (on a GPU, PyTorch): the exported graphs keep the scores

@@ -27,7 +27,7 @@ import os
 import queue
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -123,7 +123,7 @@ def _graph_of(path: str | os.PathLike, kind: str) -> tuple[Path, Path, dict[str,
 class OpenVinoEncoder(ExportedEncoder):
     """A bi-encoder running an exported graph under OpenVINO: same ``encode()`` as :class:`Encoder`."""
 
-    backend = "openvino"
+    backend: ClassVar[str] = "openvino"
 
     def __init__(
         self,
@@ -158,7 +158,7 @@ class OpenVinoCrossEncoder(OnnxCrossEncoder):
     """A cross-encoder export run by OpenVINO: ``predict(pairs)`` as :class:`OnnxCrossEncoder` (the same
     tokenisation, activation and output shape), inference on the CPU plugin."""
 
-    backend = "openvino"
+    backend: ClassVar[str] = "openvino"
 
     def __init__(
         self, compiled: CompiledModel, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any]

@@ -84,6 +84,8 @@ class ExportedEncoder(BatchEncoding):
     prompts, dimension), and its padded graph inputs: what the onnxruntime and OpenVINO runtimes share; each
     adds its inference engine and :meth:`embed_batch`."""
 
+    backend: ClassVar[str] = "onnx"  # the runtime, as the server reports it
+
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any], *, graph: Path, inputs: set[str]
     ) -> None:
@@ -167,6 +169,8 @@ class OnnxCrossEncoder:
     """A cross-encoder running an exported graph: ``predict(pairs)`` -> one score per pair."""
 
     kind: ClassVar[ModelKind] = ModelKind.CROSS
+    backend: ClassVar[str] = "onnx"
+    parallel_batches: int = 1  # batches that may run at once (OpenVINO's streams)
 
     def __init__(
         self, session: InferenceSession, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any]

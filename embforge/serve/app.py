@@ -29,24 +29,24 @@ import numpy as np
 from embforge._optional import require
 from embforge.data.texts import is_blank
 from embforge.kinds import ModelKind, kind_of
+from embforge.modeling.encoding import BatchEncoding
 from embforge.multivector.serve import create_multivector_app
 from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_value, validation_message
-from embforge.serve.models import ModelSet, ServedModel, pair_costs
+from embforge.serve.models import ModelSet, Reranker, ServedEmbedder, ServedModel, pair_costs
 from embforge.serve.prometheus import Metrics
 from embforge.serve.store import DocumentStore, DuplicateIdError
 from embforge.sparse.serve import create_sparse_app
 
 if TYPE_CHECKING:
     from embforge.multivector.model import MultiVectorEncoder
-    from embforge.protocols import Embedder, PairScorer
     from embforge.sparse.model import SparseEncoder
 
     Servable = (
-        Embedder | SparseEncoder | MultiVectorEncoder
-    )  # a multi-vector or sparse model gets its own app
+        BatchEncoding | SparseEncoder | MultiVectorEncoder
+    )  # dense embedders (PyTorch, exported, static); a multi-vector or sparse model gets its own app
 
 require("fastapi")
 orjson = require("orjson")
@@ -218,7 +218,7 @@ class _Server:
             ) from err
 
     async def embed(
-        self, texts: list[str], served: ServedModel | None = None
+        self, texts: list[str], served: ServedEmbedder | None = None
     ) -> tuple[np.ndarray, list[int]]:
         """Vectors and token counts of ``texts``: tokenised here (the batch cost), embedded in token batches."""
         served = served or self.default
@@ -229,10 +229,10 @@ class _Server:
         lengths = [len(x) for x in ids]
         return await self.run(served, ids, lengths), lengths
 
-    def prefix(self, served: ServedModel, name: str | None, field: str = "prompt_name") -> str:
+    def prefix(self, served: ServedEmbedder, name: str | None, field: str = "prompt_name") -> str:
         if name is None:
             return ""
-        prompts = dict(getattr(served.model, "prompts", {}) or {})
+        prompts = served.model.prompts
         if name not in prompts:
             known = ", ".join(sorted(prompts)) or "none"
             raise ApiError(422, f"unknown prompt name {name!r}; this model has: {known}", field)
@@ -263,7 +263,7 @@ class _Server:
         vectors, tokens = await self.embed([start + t for t in texts] if start else texts, served)
         if cut:
             vectors = vectors[:, : body.dimensions]
-            if getattr(served.model, "normalize", False):
+            if served.model.normalize:
                 vectors = _l2(vectors)
         data = _encoded(np.ascontiguousarray(vectors, dtype=np.float32), body.encoding_format, served.ranges)
         used = int(sum(tokens))
@@ -420,7 +420,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 def create_app(
     model: Servable | Mapping[str, Servable],
     *,
-    reranker: PairScorer | Mapping[str, PairScorer] | None = None,
+    reranker: Reranker | Mapping[str, Reranker] | None = None,
     store: DocumentStore | None = None,
     config: ServeConfig | None = None,
     ranges: Mapping[str, np.ndarray | None] | None = None,
@@ -446,8 +446,15 @@ def create_app(
     if other is not None:
         return other
     metrics = Metrics()
-    embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
-    rerankers: dict[str, PairScorer] = {}
+    given = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
+    embedders = {name: one for name, one in given.items() if isinstance(one, BatchEncoding)}
+    if len(embedders) < len(given):
+        other_kinds = ", ".join(sorted(set(given) - set(embedders)))
+        raise ValueError(
+            f"several models in one server are dense embedders; {other_kinds} is a sparse or multi-vector model: "
+            "serve it on its own"
+        )
+    rerankers: dict[str, Reranker] = {}
     if isinstance(reranker, Mapping):
         rerankers = dict(reranker)
     elif reranker is not None:

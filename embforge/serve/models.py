@@ -13,37 +13,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from embforge.cross_encoder import CrossEncoder
+from embforge.encoder import Encoder
+from embforge.modeling.encoding import BatchEncoding
+from embforge.onnx.runtime import ExportedEncoder, OnnxCrossEncoder
 from embforge.serve.batcher import MicroBatcher
 from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError
-
-if TYPE_CHECKING:
-    from embforge.cross_encoder import CrossEncoder
-    from embforge.onnx.runtime import OnnxCrossEncoder
-    from embforge.protocols import PairScorer
+from embforge.static.model import StaticEncoder
 
 EMBEDDING = "embedding"
 RERANK = "rerank"
+Reranker = CrossEncoder | OnnxCrossEncoder  # OpenVINO's cross-encoder is an OnnxCrossEncoder
+Runtime = BatchEncoding | Reranker
 
 
-def backend_name(model: object) -> str:
-    """``torch``, ``onnx`` or ``openvino``: the runtime a loaded model runs on."""
-    return str(getattr(model, "backend", None) or ("torch" if _is_torch(model) else "onnx"))
-
-
-def _is_torch(model: object) -> bool:
-    import torch
-
-    return isinstance(model, torch.nn.Module)
-
-
-def embed_fn(model: Any, max_tokens: int) -> Callable[[list[list[int]]], np.ndarray]:
+def embed_fn(model: BatchEncoding, max_tokens: int) -> Callable[[list[list[int]]], np.ndarray]:
     """``token-id lists -> (n, dim) float32`` through ``model``'s batched forward (see the module docstring)."""
-    if not _is_torch(model):
+    if not isinstance(model, (Encoder, StaticEncoder)):  # an exported graph: one padded call, length-sorted
         return lambda ids: np.asarray(model.embed_sorted(ids, batch_size=len(ids)), dtype=np.float32)
     import torch
 
@@ -56,41 +47,52 @@ def embed_fn(model: Any, max_tokens: int) -> Callable[[list[list[int]]], np.ndar
     return run
 
 
-def score_fn(model: PairScorer) -> Callable[[list[tuple[str, str]]], np.ndarray]:
+def score_fn(model: Reranker) -> Callable[[list[tuple[str, str]]], np.ndarray]:
     """``pairs -> scores`` of a cross-encoder (PyTorch or ONNX), one batch per call."""
     return lambda pairs: np.asarray(model.predict(pairs, batch_size=len(pairs)), dtype=np.float32)
 
 
 @dataclass
 class ServedModel:
-    """One loaded model as the server runs it."""
+    """One loaded model as the server runs it: its name, batcher and runtime (``torch``, ``onnx``,
+    ``openvino``)."""
 
     name: str
-    kind: str  # EMBEDDING or RERANK
-    model: Any
     batcher: MicroBatcher
-    ranges: np.ndarray | None = None  # int8/uint8 calibration ranges (embedders)
-    backend: str = "torch"
-
-    @property
-    def dim(self) -> int | None:
-        return int(self.model.dim) if self.kind == EMBEDDING else None
+    backend: str
 
     def describe(self) -> dict[str, object]:
         """The ``/v1/models`` entry."""
-        entry: dict[str, object] = {
-            "id": self.name,
-            "object": "model",
-            "owned_by": "embforge",
-            "kind": self.kind,
-        }
-        entry["backend"] = self.backend
-        if self.kind == EMBEDDING:
-            entry["dim"] = self.dim
-            entry["quantized_formats"] = ["binary", "ubinary"] + (
-                ["int8", "uint8"] if self.ranges is not None else []
-            )
-        return entry
+        return {"id": self.name, "object": "model", "owned_by": "embforge", "backend": self.backend}
+
+
+@dataclass
+class ServedEmbedder(ServedModel):
+    """An embedding model (dense: PyTorch, exported graph or static) and its int8/uint8 calibration ranges."""
+
+    model: BatchEncoding
+    ranges: np.ndarray | None = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.dim)
+
+    def describe(self) -> dict[str, object]:
+        formats = ["binary", "ubinary"] + (["int8", "uint8"] if self.ranges is not None else [])
+        return {**super().describe(), "kind": EMBEDDING, "dim": self.dim, "quantized_formats": formats}
+
+
+@dataclass
+class ServedReranker(ServedModel):
+    """A cross-encoder (PyTorch, ONNX Runtime or OpenVINO) answering ``/rerank``."""
+
+    model: Reranker
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "kind": RERANK}
+
+
+Served = TypeVar("Served", bound=ServedModel)
 
 
 class ModelSet:
@@ -98,8 +100,8 @@ class ModelSet:
 
     def __init__(
         self,
-        embedders: Mapping[str, Any],
-        rerankers: Mapping[str, PairScorer],
+        embedders: Mapping[str, BatchEncoding],
+        rerankers: Mapping[str, Reranker],
         config: ServeConfig,
         *,
         ranges: Mapping[str, np.ndarray | None] | None = None,
@@ -108,40 +110,38 @@ class ModelSet:
         if not embedders:
             raise ValueError("the server needs at least one embedding model")
         self.config = config
+        self.on_batch = on_batch
         self.embedders = {
-            name: self._served(
-                name, EMBEDDING, model, (ranges or {}).get(name), _label("embedding", name, i), on_batch
+            name: ServedEmbedder(
+                name,
+                self._batcher(embed_fn(model, config.max_batch_tokens), _label("embedding", name, i), model),
+                _backend(model),
+                model,
+                (ranges or {}).get(name) if (ranges or {}).get(name) is not None else _saved_ranges(model),
             )
             for i, (name, model) in enumerate(embedders.items())
         }
         self.rerankers = {
-            name: self._served(name, RERANK, model, None, _label("reranker", name, i), on_batch)
+            name: ServedReranker(
+                name,
+                self._batcher(score_fn(model), _label("reranker", name, i), model),
+                _backend(model),
+                model,
+            )
             for i, (name, model) in enumerate(rerankers.items())
         }
 
-    def _served(
-        self,
-        name: str,
-        kind: str,
-        model: Any,
-        ranges: np.ndarray | None,
-        label: str,
-        on_batch: Callable[[str, int, float], None] | None,
-    ) -> ServedModel:
-        cfg = self.config
-        fn = embed_fn(model, cfg.max_batch_tokens) if kind == EMBEDDING else score_fn(model)
-        batcher = MicroBatcher(
+    def _batcher(self, fn: Callable[[list[Any]], np.ndarray], label: str, model: Runtime) -> MicroBatcher:
+        cfg, on_batch = self.config, self.on_batch
+        return MicroBatcher(
             fn,
             max_batch_size=cfg.max_batch_size,
             max_batch_tokens=cfg.max_batch_tokens,
             max_wait_ms=cfg.max_wait_ms,
             max_queue=cfg.max_queue,
             on_batch=(lambda n, seconds: on_batch(label, n, seconds)) if on_batch is not None else None,
-            concurrency=int(getattr(model, "parallel_batches", 1)),  # an OpenVINO runtime's streams
+            concurrency=_streams(model),
         )
-        if ranges is None and kind == EMBEDDING:
-            ranges = _saved_ranges(model)
-        return ServedModel(name, kind, model, batcher, ranges=ranges, backend=backend_name(model))
 
     def all(self) -> list[ServedModel]:
         return [*self.embedders.values(), *self.rerankers.values()]
@@ -154,10 +154,10 @@ class ModelSet:
         for served in self.all():
             await served.batcher.stop()
 
-    def embedder(self, name: str | None) -> ServedModel:
+    def embedder(self, name: str | None) -> ServedEmbedder:
         return _pick(self.embedders, name, "embedding")
 
-    def reranker(self, name: str | None) -> ServedModel:
+    def reranker(self, name: str | None) -> ServedReranker:
         if not self.rerankers:
             raise ApiError(
                 501, "no reranker is loaded; start the server with --reranker MODEL", "model", "not_available"
@@ -173,7 +173,17 @@ def _label(kind: str, name: str, position: int) -> str:
     return kind if position == 0 else f"{kind}:{name}"
 
 
-def _pick(models: dict[str, ServedModel], name: str | None, kind: str) -> ServedModel:
+def _backend(model: Runtime) -> str:
+    """``torch``, ``onnx`` or ``openvino``: the runtime a loaded model runs on."""
+    return model.backend if isinstance(model, (ExportedEncoder, OnnxCrossEncoder)) else "torch"
+
+
+def _streams(model: Runtime) -> int:
+    """Batches the model may run at once: an OpenVINO runtime's inference streams, else 1."""
+    return model.parallel_batches if isinstance(model, (BatchEncoding, OnnxCrossEncoder)) else 1
+
+
+def _pick(models: dict[str, Served], name: str | None, kind: str) -> Served:
     if name is None or len(models) == 1:
         return next(iter(models.values()))
     if name not in models:
@@ -184,23 +194,22 @@ def _pick(models: dict[str, ServedModel], name: str | None, kind: str) -> Served
     return models[name]
 
 
-def _saved_ranges(model: object) -> np.ndarray | None:
+def _saved_ranges(model: BatchEncoding) -> np.ndarray | None:
     """Calibration ranges saved beside the model (``embforge_quantization.json`` in its folder), if any."""
+    from embforge.modeling.resolve import resolve_model_path
     from embforge.quantization import read_ranges
 
-    where = getattr(model, "graph", None) or getattr(model, "name_or_path", None)
-    if where is None:
-        return None
     try:
-        from embforge.modeling.resolve import resolve_model_path
-
-        folder = where if getattr(model, "graph", None) is not None else resolve_model_path(where)
-        return read_ranges(folder)
+        if isinstance(model, ExportedEncoder):
+            return read_ranges(model.graph)
+        if isinstance(model, (Encoder, StaticEncoder)) and model.name_or_path is not None:
+            return read_ranges(resolve_model_path(model.name_or_path))
     except (OSError, ValueError):
         return None
+    return None
 
 
-def pair_costs(model: CrossEncoder | OnnxCrossEncoder, query: str, docs: Sequence[str]) -> list[int]:
+def pair_costs(model: Reranker, query: str, docs: Sequence[str]) -> list[int]:
     """Token counts of ``(query, doc)`` pairs as the cross-encoder's tokenizer cuts them (the batching cost)."""
     enc = model.tokenizer(
         [query] * len(docs),

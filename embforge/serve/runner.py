@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from embforge.protocols import Embedder, PairScorer
+    from embforge.protocols import Embedder
+    from embforge.serve.models import Reranker
 
 API_KEY_ENV = "EMBFORGE_API_KEY"
 
@@ -40,7 +41,7 @@ def load_encoder(
 
 def load_reranker(
     model: str, *, backend: str = "torch", threads: int | None = None, streams: int = 1
-) -> PairScorer:
+) -> Reranker:
     """A cross-encoder on ``backend`` (:func:`embforge.onnx.backends.load_scorer`): PyTorch, or an ONNX
     Runtime / OpenVINO runtime of its export (made on the fly and cached; an export folder is loaded as it is)."""
     from embforge.onnx.backends import load_scorer
@@ -171,7 +172,7 @@ def _load_rerankers(
     backend: str,
     threads: int | None,
     streams: int,
-) -> dict[str, PairScorer]:
+) -> dict[str, Reranker]:
     """``{name: reranker}``; one unnamed reranker is reported under ``cfg.reranker_name`` when set."""
     scorers = {
         name: load_reranker(path, backend=backend, threads=threads, streams=streams)

@@ -409,3 +409,13 @@ def test_retrieval_training_of_a_sparse_model_mines_with_bm25_or_says_so(mlm_dir
     assert main([*args, "--mine-method", "bm25", "--output", str(tmp_path / "bm25-mined")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["final"]["document_active_dims"] > 0
+
+
+def test_a_sparse_model_beside_dense_embedders_in_one_server_is_refused_clearly(mlm_dir, tiny_encoder):
+    """Several models in one server share the dense endpoints; a sparse model among them is named in the error
+    (it is served on its own), not accepted and failing on its first request."""
+    from embforge.serve.app import create_app
+    from embforge.sparse.model import SparseEncoder
+
+    with pytest.raises(ValueError, match="splade is a sparse or multi-vector model: serve it on its own"):
+        create_app({"dense": tiny_encoder, "splade": SparseEncoder.load(mlm_dir)})
