@@ -25,7 +25,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,9 @@ import threading
 import time
 from pathlib import Path
 
+from _common import HOST, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
 
 ZYGOTE = r"""
 import json, os, signal, sys
@@ -74,34 +74,14 @@ tok = make_tokenizer()
 Encoder(make_bert(len(tok)), tok, pooling="mean", max_seq_length=64).save(sys.argv[1])
 """
 
-WORDS = [
-    "a",
-    "the",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "plays",
-    "guitar",
-    "piano",
-    "red",
-    "blue",
-    "small",
-    "big",
-    "house",
-    "tree",
-    "river",
-    "sky",
-    "sun",
-    "rain",
-    "book",
-]
 
+def vocabulary() -> list[str]:
+    """The words of the documents and queries: the vocabulary of the default tiny model (tests/conftest.py,
+    which builds it in the TINY child)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import WORDS
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    return WORDS
 
 
 def post(port: int, path: str, body: dict, timeout: float = 10.0) -> int:
@@ -139,12 +119,14 @@ class Ledger:
         self.search_ok = self.search_failed = self.add_rejected = 0
 
 
-def writer(port: int, ledger: Ledger, name: str, stop: threading.Event, rng: random.Random) -> None:
+def writer(
+    port: int, ledger: Ledger, name: str, stop: threading.Event, rng: random.Random, words: list[str]
+) -> None:
     n = 0
     while not stop.is_set():
         group = f"{name}-{n}"
         ids = [f"{group}/{j}" for j in range(rng.randint(1, 4))]
-        docs = [{"id": i, "text": " ".join(rng.choices(WORDS, k=6)), "fields": {"g": group}} for i in ids]
+        docs = [{"id": i, "text": " ".join(rng.choices(words, k=6)), "fields": {"g": group}} for i in ids]
         with ledger.lock:
             ledger.sent[group] = ids
             ledger.texts.update({d["id"]: d["text"] for d in docs})
@@ -160,10 +142,10 @@ def writer(port: int, ledger: Ledger, name: str, stop: threading.Event, rng: ran
         n += 1
 
 
-def searcher(port: int, ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
+def searcher(port: int, ledger: Ledger, stop: threading.Event, rng: random.Random, words: list[str]) -> None:
     while not stop.is_set():
         try:
-            status = post(port, "/search", {"query": " ".join(rng.choices(WORDS, k=4)), "top_k": 5})
+            status = post(port, "/search", {"query": " ".join(rng.choices(words, k=4)), "top_k": 5})
         except (OSError, http.client.HTTPException):
             return
         with ledger.lock:
@@ -216,7 +198,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    rng = random.Random(args.seed)
+    rng, words = random.Random(args.seed), vocabulary()
     scratch = Path(tempfile.mkdtemp(prefix="embforge-crash-"))
     folder = Path(args.folder) if args.folder else scratch / "index"
     model = args.model
@@ -258,12 +240,15 @@ def main() -> None:
             stop = threading.Event()
             threads = [
                 threading.Thread(
-                    target=writer, args=(port, ledger, f"c{cycle}w{w}", stop, random.Random(rng.random()))
+                    target=writer,
+                    args=(port, ledger, f"c{cycle}w{w}", stop, random.Random(rng.random()), words),
                 )
                 for w in range(args.writers)
             ]
             threads += [
-                threading.Thread(target=searcher, args=(port, ledger, stop, random.Random(rng.random())))
+                threading.Thread(
+                    target=searcher, args=(port, ledger, stop, random.Random(rng.random()), words)
+                )
                 for _ in range(args.searchers)
             ]
             for t in threads:

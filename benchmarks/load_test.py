@@ -16,52 +16,21 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
-import sys
-import time
+
+from _common import HOST, free_port, post_load, start_server, stop_servers, wait_ready
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-HOST = "127.0.0.1"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def start_server(
+def start_embforge(
     model: str, backend: str, batch: int, wait_ms: float, threads: int | None
 ) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from embforge.cli import main; sys.exit(main())",
-        "serve",
-        "--model",
-        model,
-        "--backend",
-        backend,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--max-batch-size",
-        str(batch),
-        "--max-wait-ms",
-        str(wait_ms),
-        "--log-level",
-        "warning",
-        "--timeout",
-        "300",
-        *(["--threads", str(threads)] if threads else []),
-    ]
-    proc = subprocess.Popen(cmd)
-    return proc, f"http://{HOST}:{port}"
+    flags = ["--backend", backend, "--max-batch-size", str(batch), "--max-wait-ms", str(wait_ms)]
+    flags += ["--timeout", "300", *(["--threads", str(threads)] if threads else [])]
+    return start_server(model, port, *flags), f"http://{HOST}:{port}"
 
 
 def batch_stats(url: str) -> tuple[float, float]:
@@ -77,65 +46,17 @@ def batch_stats(url: str) -> tuple[float, float]:
     return calls, items
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    import httpx
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"server {url} not ready after {timeout}s")
-
-
 async def run_load(
     url: str, sentences: list[str], clients: int, total: int, max_seconds: float
 ) -> dict[str, float]:
-    """N clients on keep-alive connections (aiohttp: a light client, so the load generator's own CPU use,
-    which shares the 2 cores with the servers, stays small); bodies are built before the clock starts and
-    responses are read whole but not parsed."""
-    import aiohttp
-
+    """N clients sending single-sentence requests until ``total`` requests or ``max_seconds``."""
     bodies = [json.dumps({"input": text, "model": "m"}).encode() for text in sentences]
-    headers = {"content-type": "application/json"}
-    latencies: list[float] = []
-    errors = 0
-    sent = 0
-    connector = aiohttp.TCPConnector(limit=clients)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(f"{url}", connector=connector, timeout=timeout) as http:
-        start = time.perf_counter()
-        stop_at = start + max_seconds
-
-        async def client() -> None:
-            nonlocal sent, errors
-            while sent < total and time.perf_counter() < stop_at:
-                body = bodies[sent % len(bodies)]
-                sent += 1
-                t0 = time.perf_counter()
-                try:
-                    async with http.post("/v1/embeddings", data=body, headers=headers) as response:
-                        await response.read()
-                        ok = response.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    ok = False
-                latencies.append(time.perf_counter() - t0)
-                errors += not ok
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    latencies.sort()
+    load = await post_load(url, "/v1/embeddings", bodies, clients, max_seconds, total=total)
     return {
-        "requests": len(latencies),
-        "rps": len(latencies) / elapsed,
-        "p50_ms": 1000 * latencies[len(latencies) // 2],
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "errors": errors,
+        "requests": len(load.latencies),
+        "rps": len(load.latencies) / load.seconds,
+        **load.percentiles(),
+        "errors": load.errors,
     }
 
 
@@ -164,10 +85,10 @@ def main() -> None:
     )
     sentences = list(dict.fromkeys(data.columns["sentence1"] + data.columns["sentence2"]))
     servers = {
-        f"micro-batching ({args.max_batch_size}, {args.max_wait_ms:g} ms)": start_server(
+        f"micro-batching ({args.max_batch_size}, {args.max_wait_ms:g} ms)": start_embforge(
             args.model, args.backend, args.max_batch_size, args.max_wait_ms, args.threads
         ),
-        "batch size 1": start_server(args.model, args.backend, 1, 0, args.threads),
+        "batch size 1": start_embforge(args.model, args.backend, 1, 0, args.threads),
     }
     try:
         for proc, url in servers.values():
@@ -192,13 +113,7 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        for proc, _ in servers.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _ in servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_servers(proc for proc, _ in servers.values())
     print(
         f"\nbackend {args.backend}, model {args.model}, {args.requests} single-sentence requests per measurement "
         f"(max {args.max_seconds:.0f} s), {args.repeats} alternating measurements each (median shown)"

@@ -15,14 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
-from load_test import HOST, free_port, wait_ready
+from _common import HOST, free_port, start_server, stop_servers, wait_ready
 
 BAD = [
     b'{"input": "x\\ud800"}',
@@ -36,28 +32,6 @@ BAD = [
     b'{"input": 5}',
 ]
 PATHS = ["/v1/embeddings", "/v1/embeddings", "/similarity", *["/v1/embeddings"] * 6]
-
-
-def start_server(model: str, port: int, pythonpath: str | None, threads: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", "import sys; from embforge.cli import main; sys.exit(main())", "serve"]
-    cmd += [
-        "--model",
-        model,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--log-level",
-        "critical",
-        "--timeout",
-        "120",
-    ]
-    cmd += ["--max-batch-size", "64", "--max-wait-ms", "5", *(["--threads", str(threads)] if threads else [])]
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    # -c puts the working folder first on sys.path: run from the older checkout so that it is the one imported
-    return subprocess.Popen(cmd, env=env, cwd=pythonpath or None)
 
 
 async def run(url: str, sentences: list[str], clients: int, bad_clients: int, seconds: float) -> dict:
@@ -121,16 +95,14 @@ def main() -> None:
     sentences = list(dict.fromkeys(data.columns["sentence1"] + data.columns["sentence2"]))
     port = free_port()
     url = f"http://{HOST}:{port}"
-    proc = start_server(args.model, port, args.server_pythonpath, args.threads)
+    flags = ["--timeout", "120", "--max-batch-size", "64", "--max-wait-ms", "5"]
+    flags += ["--threads", str(args.threads)] if args.threads else []
+    proc = start_server(args.model, port, *flags, log_level="critical", checkout=args.server_pythonpath)
     try:
         wait_ready(url, proc)
         result = asyncio.run(run(url, sentences, args.clients, args.bad_clients, args.seconds))
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_servers([proc], timeout=60)
     result["server"] = args.server_pythonpath or "this checkout"
     print(json.dumps(result))
 

@@ -33,25 +33,15 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from _common import HOST, free_port, post_load, start_server, stop_servers, wait_ready
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
 INFINITY = ROOT / ".bench-venvs" / "infinity" / "bin"  # --infinity-venv changes it
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def stsb():
@@ -99,10 +89,10 @@ def start_servers(
     """``name -> (process, base url, embeddings path)``."""
     servers = {}
     port = free_port()
-    cmd = [sys.executable, "-m", "embforge", "serve", "--model", str(model), "--backend", args.backend]
-    cmd += ["--calibration", str(calibration), "--host", HOST, "--port", str(port), "--log-level", "warning"]
-    cmd += ["--timeout", "300", "--max-inputs", "1024", "--streams", str(args.streams)]
-    servers["embforge"] = (subprocess.Popen(cmd), f"http://{HOST}:{port}", "/v1/embeddings")
+    flags = ["--backend", args.backend, "--calibration", str(calibration), "--timeout", "300"]
+    flags += ["--max-inputs", "1024", "--streams", str(args.streams)]
+    proc = start_server(str(model), port, *flags)
+    servers["embforge"] = (proc, f"http://{HOST}:{port}", "/v1/embeddings")
     env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1"}
     for engine in args.engines.split(","):
         port = free_port()
@@ -118,22 +108,6 @@ def start_servers(
         proc = subprocess.Popen(cmd, env=env, cwd=cwd)
         servers[f"infinity {engine}"] = (proc, f"http://{HOST}:{port}", "/embeddings")
     return servers
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    import httpx
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"server {url} not ready after {timeout}s")
 
 
 async def embed_all(url: str, path: str, texts: list[str], batch: int = 32) -> np.ndarray:
@@ -153,47 +127,13 @@ async def load(
     url: str, path: str, texts: list[str], clients: int, per: int, seconds: float
 ) -> dict[str, float]:
     """``clients`` aiohttp clients sending ``per`` texts a request for ``seconds``: texts/s, p50, p99, errors."""
-    import aiohttp
-
     bodies = [
         json.dumps({"input": texts[i : i + per], "model": "minilm"}).encode()
         for i in range(0, len(texts) - per, per)
     ]
-    headers = {"content-type": "application/json"}
-    latencies: list[float] = []
-    errors = sent = 0
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(
-        url, connector=connector, timeout=aiohttp.ClientTimeout(total=300)
-    ) as http:
-        start = time.perf_counter()
-        stop_at = start + seconds
-
-        async def client() -> None:
-            nonlocal sent, errors
-            while time.perf_counter() < stop_at:
-                body = bodies[sent % len(bodies)]
-                sent += 1
-                t0 = time.perf_counter()
-                try:
-                    async with http.post(path, data=body, headers=headers) as response:
-                        await response.read()
-                        ok = response.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    ok = False
-                latencies.append(time.perf_counter() - t0)
-                errors += not ok
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    latencies.sort()
-    return {
-        "texts": (len(latencies) - errors) * per,
-        "texts_s": (len(latencies) - errors) * per / elapsed,
-        "p50_ms": 1000 * latencies[len(latencies) // 2],
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "errors": errors,
-    }
+    run = await post_load(url, path, bodies, clients, seconds, timeout=300)
+    answered = (len(run.latencies) - run.errors) * per
+    return {"texts": answered, "texts_s": answered / run.seconds, **run.percentiles(), "errors": run.errors}
 
 
 def cpu_seconds(proc: subprocess.Popen) -> float:
@@ -268,7 +208,7 @@ def main() -> None:
     quality: dict[str, float] = {}
     try:
         for proc, url, _ in servers.values():
-            wait_ready(url, proc)
+            wait_ready(url, proc, timeout=600)
         names = list(servers)
         for name in names:
             _, url, path = servers[name]
@@ -294,13 +234,7 @@ def main() -> None:
                             flush=True,
                         )
     finally:
-        for proc, _, _ in servers.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _, _ in servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_servers(proc for proc, _, _ in servers.values())
     report(args, results, quality, reference, names)
 
 

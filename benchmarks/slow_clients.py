@@ -15,13 +15,10 @@ import contextlib
 import http.client
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 
-from load_test import HOST, free_port, wait_ready
+from _common import HOST, free_port, start_server, stop_servers, wait_ready
 
 
 def still_open(sock: socket.socket) -> bool:
@@ -52,23 +49,10 @@ def main() -> None:
     args = parser.parse_args()
 
     port = free_port()
-    cmd = [sys.executable, "-c", "import sys; from embforge.cli import main; sys.exit(main())", "serve"]
-    cmd += [
-        "--model",
-        args.model,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--log-level",
-        "critical",
-        "--threads",
-        "1",
-    ]
-    if not args.server_pythonpath:
-        cmd += ["--header-timeout", str(args.header_timeout)]
-    env = {**os.environ, **({"PYTHONPATH": args.server_pythonpath} if args.server_pythonpath else {})}
-    proc = subprocess.Popen(cmd, env=env, cwd=args.server_pythonpath or None)
+    flags = ["--threads", "1"] + (
+        [] if args.server_pythonpath else ["--header-timeout", str(args.header_timeout)]
+    )
+    proc = start_server(args.model, port, *flags, log_level="critical", checkout=args.server_pythonpath)
     samples = []
     good = {"ok": 0, "failed": 0}
     try:
@@ -107,11 +91,7 @@ def main() -> None:
         for sock in socks:
             sock.close()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_servers([proc])
     print(
         json.dumps(
             {
