@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import run_child
+from _common import parent_or_child, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "corpus_scale"
@@ -104,12 +104,8 @@ def main() -> None:
     parser.add_argument(
         "--sample", type=int, default=65_536, help="vectors the IVF/PQ quantiser is trained on"
     )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", help=argparse.SUPPRESS)
-    parser.add_argument("--folder", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args)
+    args = parent_or_child(parser, child, "mode", "folder")
+    if args is None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"{'documents':>10}  {'float matrix':>12}  {'mode':<9}  {'peak RSS':>9}  {'after imports':>13}  "

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import run_child
+from _common import parent_or_child, quiet_config, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "data_scale"
@@ -136,7 +136,6 @@ def child(args: argparse.Namespace) -> None:
     from embforge.data.sources import SourceOptions, open_source, row_count
     from embforge.encoder import Encoder
     from embforge.losses import get_loss
-    from embforge.training.config import TrainConfig
     from embforge.training.loop import train
     from embforge.training.tasks import Task
 
@@ -146,14 +145,9 @@ def child(args: argparse.Namespace) -> None:
     source = open_source(args.file, options)
     open_seconds = time.time() - opened
     model = Encoder.load(args.model if args.model != "tiny" else tiny_model())
-    config = TrainConfig(
-        output=str(OUT / f"model_{args.mode}"),
-        max_steps=1 + args.steps,
-        batch_size=32,
-        shuffle_window=args.window if args.mode != "memory" else 0,
-        save_every=0,
-        quiet=True,
-        seed=0,
+    window = args.window if args.mode != "memory" else 0
+    config = quiet_config(
+        OUT / f"model_{args.mode}", max_steps=1 + args.steps, batch_size=32, shuffle_window=window, seed=0
     )
     times: dict[int, float] = {}
     if args.data_only:  # the input path alone: plan, read and tokenise each batch, no model step
@@ -205,12 +199,8 @@ def main() -> None:
     parser.add_argument(
         "--data-only", action="store_true", help="plan, read and tokenise batches; no model step"
     )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", help=argparse.SUPPRESS)
-    parser.add_argument("--file", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args)
+    args = parent_or_child(parser, child, "mode", "file")
+    if args is None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
     results = []

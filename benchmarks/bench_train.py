@@ -17,6 +17,7 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,30 +86,31 @@ def run_peer(loss_name, train_data, test, args, out):
     )
     targs = peer_training_args(SentenceTransformerTrainingArguments, args, out)
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=dataset, loss=loss)
-    with PeakRSS() as mem:
-        start, cpu = time.perf_counter(), time.process_time()
-        trainer.train()
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {
-        "pairs_s": len(dataset) * args.epochs / seconds,
-        "pairs_cpu_s": len(dataset) * args.epochs / cpu,
-        "rss": mem.mb,
-        "spearman": spearman(lambda t: model.encode(t, batch_size=64), test),
-    }
+    return measured(trainer.train, len(dataset) * args.epochs, lambda t: model.encode(t, batch_size=64), test)
 
 
 def run_embforge(loss_name, train_data, test, args, out):
     model = Encoder.load(args.model)
     config = embforge_train_config(args, out)
+    task = Task("stsb", train_data, get_loss(loss_name))
+    pairs = len(train_data) * args.epochs
+    return measured(
+        lambda: train(model, [task], config), pairs, lambda t: model.encode(t, batch_size=64), test
+    )
+
+
+def measured(run: Callable[[], object], pairs: int, encode: Callable[[list[str]], np.ndarray], test) -> dict:
+    """One side's training ``run`` over ``pairs`` pairs, timed (wall and CPU) under :class:`PeakRSS`; then its
+    STS-B test Spearman (``encode``: the trained model's)."""
     with PeakRSS() as mem:
         start, cpu = time.perf_counter(), time.process_time()
-        train(model, [Task("stsb", train_data, get_loss(loss_name))], config)
+        run()
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {
-        "pairs_s": len(train_data) * args.epochs / seconds,
-        "pairs_cpu_s": len(train_data) * args.epochs / cpu,
+        "pairs_s": pairs / seconds,
+        "pairs_cpu_s": pairs / cpu,
         "rss": mem.mb,
-        "spearman": spearman(lambda t: model.encode(t, batch_size=64), test),
+        "spearman": spearman(encode, test),
     }
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import embforge_train_config, peer_training_args
 
 ROOT = Path(__file__).resolve().parents[1]
 PYLATE = ROOT / ".bench-venvs" / "pylate" / "bin" / "python"
@@ -55,6 +56,8 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--pairs", default="")
     parser.add_argument("--model", default="")
+    # what _common's training settings read besides --steps, --batch-size, --lr and --seed: one pass, CPU, fp32
+    parser.set_defaults(epochs=1, device="cpu", amp="no")
     return parser.parse_args()
 
 
@@ -76,21 +79,11 @@ def pylate_train(args: argparse.Namespace) -> None:
         {"query": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]}
     )
     model = models.ColBERT(args.model, device="cpu")
-    training = SentenceTransformerTrainingArguments(
-        output_dir=str(Path(args.out) / "trainer"),
+    training = peer_training_args(
+        SentenceTransformerTrainingArguments,
+        args,
+        Path(args.out) / "trainer",
         max_steps=args.steps,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        warmup_steps=0.1,  # a float below 1 is a ratio of the total steps
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        seed=args.seed,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10_000,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
         batch_sampler=BatchSamplers.NO_DUPLICATES,  # embforge's sampler never puts a text twice in a batch
     )
     trainer = SentenceTransformerTrainer(
@@ -133,24 +126,15 @@ def plaid_search(args: argparse.Namespace) -> None:
 
 
 # -------------------------------------------------------------------------------------------- embforge
-def embforge_train_config(args: argparse.Namespace, out: Path, seed: int):
-    from embforge.training.config import TrainConfig
+def colbert_config(args: argparse.Namespace, out: Path, seed: int):
+    """embforge's side of every training here: the peer's settings, ``--steps`` steps of ``--chunk-tokens``."""
+    return embforge_train_config(args, out, seed=seed, max_steps=args.steps, chunk_tokens=args.chunk_tokens)
 
-    return TrainConfig(
-        output=str(out),
-        max_steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_ratio=0.1,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        seed=seed,
-        save_every=0,
-        quiet=True,
-        device="cpu",
-        amp="no",
-        chunk_tokens=args.chunk_tokens,
-    )
+
+def pylate_flags(args: argparse.Namespace, pairs_file: Path, minilm: Path, out: Path, seed: int) -> list[str]:
+    """The command line of pylate's side (``--side pylate``): the same pairs, model, steps, batch and lr."""
+    flags = ["--pairs", str(pairs_file), "--model", str(minilm), "--out", str(out), "--seed", str(seed)]
+    return [*flags, "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
 
 
 def run_peer(*command: str) -> dict:
@@ -228,7 +212,7 @@ def embforge_part(args: argparse.Namespace, seed: int, pairs_file: Path, minilm:
         torch.manual_seed(seed)  # the projection's and marker rows' initialisation, as pylate's side seeds it
         colbert = MultiVectorEncoder.load(minilm)
         task = Task("scifact", read_table(pairs_file), MaxSimInfoNCELoss())
-        summary = train(colbert, [task], embforge_train_config(args, folder, seed))
+        summary = train(colbert, [task], colbert_config(args, folder, seed))
     return {"embforge_pairs_s": summary["pairs_per_second"]} | exact_and_plaid(
         args, colbert, dev_data(args), out
     )
@@ -240,18 +224,7 @@ def pylate_part(args: argparse.Namespace, seed: int, pairs_file: Path, minilm: P
 
     folder = out / "pylate"
     if not (folder / "timing.json").exists():
-        flags = [
-            "--pairs",
-            str(pairs_file),
-            "--model",
-            str(minilm),
-            "--out",
-            str(folder),
-            "--seed",
-            str(seed),
-        ]
-        flags += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
-        run_peer("--side", "pylate", *flags)
+        run_peer("--side", "pylate", *pylate_flags(args, pairs_file, minilm, folder, seed))
     timing = json.loads((folder / "timing.json").read_text())
     scores = evaluate_multivector(MultiVectorEncoder.load(folder / "model"), dev_data(args), metrics=METRICS)
     return {"pylate_pairs_s": timing["pairs_per_second"], "pylate": scores}
@@ -267,7 +240,7 @@ def dense_part(args: argparse.Namespace, seed: int, pairs_file: Path, minilm: Pa
 
     dense = Encoder.load(minilm, max_seq_length=180)  # the ColBERT sides' document length
     task = Task("scifact", read_table(pairs_file), InfoNCELoss())
-    summary = train(dense, [task], embforge_train_config(args, out / "dense", seed))
+    summary = train(dense, [task], colbert_config(args, out / "dense", seed))
     scores = evaluate_retrieval(dense, dev_data(args), metrics=METRICS)
     return {"dense_pairs_s": summary["pairs_per_second"], "dense": scores}
 
@@ -356,21 +329,8 @@ def speed(args: argparse.Namespace) -> None:
     minilm = resolve_model_path("all-MiniLM-L6-v2")
     task = Task("scifact", read_table(pairs_file), MaxSimInfoNCELoss())
     torch.manual_seed(args.seed)
-    ours = train(
-        MultiVectorEncoder.load(minilm), [task], embforge_train_config(args, out / "embforge", args.seed)
-    )
-    flags = [
-        "--pairs",
-        str(pairs_file),
-        "--model",
-        str(minilm),
-        "--out",
-        str(out / "pylate"),
-        "--seed",
-        str(args.seed),
-    ]
-    flags += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
-    theirs = run_peer("--side", "pylate", *flags)
+    ours = train(MultiVectorEncoder.load(minilm), [task], colbert_config(args, out / "embforge", args.seed))
+    theirs = run_peer("--side", "pylate", *pylate_flags(args, pairs_file, minilm, out / "pylate", args.seed))
     ratio = ours["pairs_per_second"] / theirs["pairs_per_second"]
     report = {"embforge_pairs_s": ours["pairs_per_second"], "pylate_pairs_s": theirs["pairs_per_second"]}
     print(json.dumps(report | {"ratio": ratio}), flush=True)

@@ -52,8 +52,6 @@ from typing import Any
 
 from _loo import loo_table, parse_sets, run_loo
 
-ROWS = ("base", "teacher", "specialist", "merge", "distill", "general", "seedsoup")
-TRAINED = ("specialist", "merge", "distill", "general")
 LABELS = {
     "base": "all-MiniLM-L6-v2 (base)",
     "teacher": "all-mpnet-base-v2 (teacher, 5x larger)",
@@ -63,6 +61,8 @@ LABELS = {
     "general": "**general recipe** (`embforge/configs/general.toml`)",
     "seedsoup": "general recipe, its seeds averaged (`embforge merge`, equal weights)",
 }
+ROWS = tuple(LABELS)
+TRAINED = ("specialist", "merge", "distill", "general")
 COLUMNS = (
     ("sts", "STS-B Spearman"),
     ("scifact", "SciFact NDCG@10"),

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import quiet_config
 
 from embforge.data.paths import data_root
 from embforge.data.tables import read_table
@@ -27,7 +28,6 @@ from embforge.encoder import Encoder
 from embforge.evaluate.sts import evaluate_sts
 from embforge.losses import get_loss
 from embforge.modeling.lora import apply_lora, trainable_parameters
-from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.tasks import Task
 
@@ -56,14 +56,9 @@ def main() -> None:
     dev = read_table(stsb / "stsb-en-dev.csv")
     task = Task("stsb", read_table(stsb / "stsb-en-train.csv"), get_loss("cosent"))
     with tempfile.TemporaryDirectory() as scratch:
-        config = TrainConfig(
-            output=args.output or str(Path(scratch) / "run"),
-            eval_every=args.eval_every,
-            epochs=args.epochs,
-            max_steps=args.max_steps,
-            lr=args.lr,
-            save_every=0,
-            quiet=True,
+        output = args.output or Path(scratch) / "run"
+        config = quiet_config(
+            output, eval_every=args.eval_every, epochs=args.epochs, max_steps=args.max_steps, lr=args.lr
         )
         evaluator = None if args.max_steps else lambda m: evaluate_sts(m, dev)
         before = _peak_rss_mb()  # model loaded, data read

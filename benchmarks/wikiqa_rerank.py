@@ -16,6 +16,7 @@ import json
 import time
 
 import numpy as np
+from _common import quiet_config
 
 from embforge.cross_encoder import CrossEncoder
 from embforge.data.builtin.wikiqa import load_wikiqa
@@ -31,7 +32,6 @@ from embforge.retrieval.two_stage import (
     pool_candidates,
     retrieve_and_rerank,
 )
-from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.tasks import Task
 
@@ -133,14 +133,8 @@ def train_cross_encoder(args, train_data, groups, answerable) -> CrossEncoder:
         rows = with_random_negatives(answerable, args.random_negatives, args.seed)
         rows = with_mined_negatives(rows, args.mined_negatives, args.model)
         task = Task("wikiqa", rows, get_cross_loss("bce", **options))
-    config = TrainConfig(
-        output=args.output,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        save_every=0,
-        quiet=True,
+    config = quiet_config(
+        args.output, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed
     )
     started = time.perf_counter()
     summary = train(model, [task], config)

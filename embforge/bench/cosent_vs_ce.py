@@ -48,13 +48,13 @@ class Splits(TypedDict):
 
 ENGLISH = ("stsb", "mrpc", "wikiqa", "snli")
 CHINESE = ("ATEC", "BQ", "LCQMC", "PAWSX")
-SYSTEMS = ("cross-ce", "cross-cosent", "bi-softmax", "bi-cosent")
 LABELS = {
     "cross-ce": "cross-encoder + CE",
     "cross-cosent": "cross-encoder + CoSENT",
     "bi-softmax": "bi-encoder + Softmax (SBERT)",
     "bi-cosent": "bi-encoder + CoSENT",
 }
+SYSTEMS = tuple(LABELS)
 
 
 @dataclass
