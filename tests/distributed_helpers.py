@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.conftest import free_port
 
 
 def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,21 +35,14 @@ from embforge.losses import LOSSES
 from embforge.losses.cross import CROSS_LOSSES
 from embforge.training import artifacts
 from embforge.training.checkpoints import CheckpointError, ResumeWarning, _write_manifest, load_trainer_state
-from tests.conftest import train_sts
+from tests.conftest import free_port, train_sts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(out, model_dir, csv, *, steps=4, save_every=2, resume=False, keep=2, keep_state=True):
+def _train(out, model_dir, csv, *, steps=4, save_every=2, **fields):
     return train_sts(
-        out,
-        model_dir,
-        csv,
-        steps=steps,
-        save_every=save_every,
-        resume=resume,
-        keep=keep,
-        keep_state=keep_state,
+        out, model_dir, csv, max_steps=steps, save_every=save_every, keep_checkpoints=2, **fields
     )
 
 
@@ -122,13 +114,13 @@ def test_a_kill_during_the_clean_up_leaves_a_run_that_resumes_to_nothing(
     out = tmp_path / "run"
     monkeypatch.setattr(artifacts.shutil, "rmtree", _kill_midway)
     with pytest.raises(Killed):
-        _train(out, tiny_model_dir, sts_csv, keep_state=False)
+        _train(out, tiny_model_dir, sts_csv, keep_training_state=False)
     monkeypatch.undo()
     weights = (out / "model.safetensors").read_bytes()
     lines = (out / "metrics.jsonl").read_text().splitlines()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResumeWarning)  # no "nothing to resume, training starts at step 0"
-        summary, _ = _train(out, tiny_model_dir, sts_csv, resume=True, keep_state=False)
+        summary, _ = _train(out, tiny_model_dir, sts_csv, resume=True, keep_training_state=False)
     assert summary["nothing_to_do"] is True and summary["steps"] == 4
     assert (out / "model.safetensors").read_bytes() == weights  # not trained again from step 0
     assert (out / "metrics.jsonl").read_text().splitlines()[: len(lines)] == lines
@@ -278,14 +270,8 @@ def test_two_authorization_headers_are_a_400(tiny_encoder):
 # ------------------------------------------------------------------------------ 7: SIGTERM exits 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_serve_exits_0_after_a_graceful_sigterm(tiny_model_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "embforge", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)

@@ -43,32 +43,6 @@ def test_header_jsonl_parquet_and_mapping(tmp_path):
     assert tsv.columns["sentence1"] == ['he said "hi"'] and tsv.columns["label"] == [1]
 
 
-@pytest.mark.parametrize(
-    ("name", "content", "expected"),
-    [
-        ("empty.csv", "a,b,1\nc, ,2\n", r"empty\.csv:2: column 'sentence2': empty text"),
-        ("nan.csv", "a,b,1\nc,d,nan\n", r"nan\.csv:2: column 'score': 'nan' is not a finite number"),
-        ("word.csv", "a,b,1\nc,d,high\n", r"word\.csv:2: column 'score': 'high' is not a number"),
-        ("ragged.csv", "a,b,1\nc,d\n", r"ragged\.csv:2: expected 3 columns, found 2"),
-        ("ragged.tsv", "a\tb\t1\n\nc\td\t1\te\n", r"ragged\.tsv:3: expected 3 columns, found 4"),
-        (
-            "missing.jsonl",
-            '{"text": "a", "label": 1}\n{"text": "b"}\n',
-            r"missing\.jsonl:2: column 'label': missing",
-        ),
-        (
-            "bad.jsonl",
-            '{"text": "a", "label": 1}\n{"text": "b",\n',
-            r"bad\.jsonl:2:\d+: invalid JSON",
-        ),
-        ("null.jsonl", '{"text": null, "label": 1}\n', r"null\.jsonl:1: column 'text': missing value"),
-    ],
-)
-def test_malformed_rows_name_file_line_and_column(tmp_path, name, content, expected):
-    with pytest.raises(DataError, match=expected):
-        read_table(write(tmp_path / name, content))
-
-
 def test_missing_column_and_label_set(tmp_path):
     data = read_table(write(tmp_path / "p.csv", "sentence1,sentence2\na,b\n"))
     with pytest.raises(DataError, match=r"p\.csv:1: missing column 'score' needed by STS"):

@@ -54,18 +54,47 @@ def test_two_sources_mapped_to_one_column_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("content", "expected"),
+    ("name", "content", "expected"),
     [
-        ('{"text": "a", "score": true}\n', r"b\.jsonl:1: column 'score': True is not a number"),
-        ('{"text": "a", "score": "1_0"}\n', r"b\.jsonl:1: column 'score': '1_0' is not a number"),
-        ('{"text": "a", "label": false}\n', r"b\.jsonl:1: column 'label': False is not a valid label"),
-        ('{"text": "a", "label": 1.5}\n', r"b\.jsonl:1: column 'label': 1.5 is not a valid label"),
-        ('{"text": "a", "score": 1e999}\n', r"b\.jsonl:1: column 'score': .* is not a finite number"),
+        ("empty.csv", "a,b,1\nc, ,2\n", r"empty\.csv:2: column 'sentence2': empty text"),
+        ("nan.csv", "a,b,1\nc,d,nan\n", r"nan\.csv:2: column 'score': 'nan' is not a finite number"),
+        ("word.csv", "a,b,1\nc,d,high\n", r"word\.csv:2: column 'score': 'high' is not a number"),
+        ("ragged.csv", "a,b,1\nc,d\n", r"ragged\.csv:2: expected 3 columns, found 2"),
+        ("ragged.tsv", "a\tb\t1\n\nc\td\t1\te\n", r"ragged\.tsv:3: expected 3 columns, found 4"),
+        (
+            "missing.jsonl",
+            '{"text": "a", "label": 1}\n{"text": "b"}\n',
+            r"missing\.jsonl:2: column 'label': missing",
+        ),
+        (
+            "bad.jsonl",
+            '{"text": "a", "label": 1}\n{"text": "b",\n',
+            r"bad\.jsonl:2:\d+: invalid JSON",
+        ),
+        ("null.jsonl", '{"text": null, "label": 1}\n', r"null\.jsonl:1: column 'text': missing value"),
+        ("b.jsonl", '{"text": "a", "score": true}\n', r"b\.jsonl:1: column 'score': True is not a number"),
+        ("b.jsonl", '{"text": "a", "score": "1_0"}\n', r"b\.jsonl:1: column 'score': '1_0' is not a number"),
+        (
+            "b.jsonl",
+            '{"text": "a", "label": false}\n',
+            r"b\.jsonl:1: column 'label': False is not a valid label",
+        ),
+        ("b.jsonl", '{"text": "a", "label": 1.5}\n', r"b\.jsonl:1: column 'label': 1.5 is not a valid label"),
+        (
+            "b.jsonl",
+            '{"text": "a", "score": 1e999}\n',
+            r"b\.jsonl:1: column 'score': .* is not a finite number",
+        ),
+        ("q.csv", 'text,label\na,1\n"never closed,0\nb,1\n', r"q\.csv:3:1: quoted field never closed"),
+        ("q.csv", 'text,label\na,1\n"x"y,0\n', r"q\.csv:3:4: unexpected 'y' after the closing quote"),
+        ("q.csv", "text,label\na\rb,1\n", r"q\.csv:2:2: line break inside an unquoted field"),
     ],
 )
-def test_strict_numbers_in_json(tmp_path, content, expected):
+def test_malformed_rows_name_file_line_and_column(tmp_path, name, content, expected):
+    """Loose numbers, empty or missing cells, ragged rows, broken quoting or JSON: refused, with file and line
+    (and column where the text is at fault)."""
     with pytest.raises(DataError, match=expected):
-        read_table(write(tmp_path / "b.jsonl", content))
+        read_table(write(tmp_path / name, content))
 
 
 @pytest.mark.parametrize(
@@ -121,19 +150,6 @@ def test_a_10_mb_csv_field_is_read(tmp_path):
     path = write(tmp_path / "big.csv", f'text,label\n"{big}",1\nsmall,0\n')
     data = read_table(path)
     assert len(data.columns["text"][0]) == len(big) and data.lines == [2, 3]
-
-
-@pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        ('text,label\na,1\n"never closed,0\nb,1\n', r"q\.csv:3:1: quoted field never closed"),
-        ('text,label\na,1\n"x"y,0\n', r"q\.csv:3:4: unexpected 'y' after the closing quote"),
-        ("text,label\na\rb,1\n", r"q\.csv:2:2: line break inside an unquoted field"),
-    ],
-)
-def test_malformed_csv_names_line_and_column(tmp_path, content, expected):
-    with pytest.raises(DataError, match=expected):
-        read_table(write(tmp_path / "q.csv", content))
 
 
 def test_broken_json_lines_name_line_and_column(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import threading
 import time
 from pathlib import Path
@@ -13,7 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import fail_batches_of, make_tokenizer, tiny_bert_config
+from tests.conftest import (
+    fail_batches_of,
+    free_port,
+    make_tokenizer,
+    slow_down,
+    start_uvicorn,
+    tiny_bert_config,
+)
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -238,12 +244,6 @@ def test_micro_batcher_waits_only_while_requests_come_concurrently():
     assert calls[4:] == [2] and waited >= 0.05
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_real_uvicorn_on_loopback_with_graceful_shutdown(tiny_encoder, tmp_path: Path):
     import httpx
     import uvicorn
@@ -252,25 +252,14 @@ def test_real_uvicorn_on_loopback_with_graceful_shutdown(tiny_encoder, tmp_path:
     from embforge.serve.config import ServeConfig
     from embforge.serve.store import DocumentStore
 
-    original = tiny_encoder.embed_ids
-
-    def slow_embed_ids(ids, **kwargs):
-        time.sleep(0.3)
-        return original(ids, **kwargs)
-
-    tiny_encoder.embed_ids = slow_embed_ids
+    slow_down(tiny_encoder, 0.3)
     store = DocumentStore.open(tmp_path / "index", dim=tiny_encoder.dim)
     app = create_app(tiny_encoder, store=store, config=ServeConfig(api_key="k", max_wait_ms=20))
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=10)
     )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
+    thread = start_uvicorn(server)
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": "Bearer k"}
 

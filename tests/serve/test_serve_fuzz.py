@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_tokenizer, tiny_bert_config
+from tests.conftest import make_tokenizer, running, tiny_bert_config
 
 schemathesis = pytest.importorskip("schemathesis")
 pytest.importorskip("uvicorn")
 
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from tests.serve.test_serve_sockets import running  # noqa: E402
 
 SEEN: dict[str, list[int]] = {}
 

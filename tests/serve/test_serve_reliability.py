@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import make_tokenizer, tiny_bert_config
+from tests.conftest import make_tokenizer, slow_down, tiny_bert_config
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -157,13 +157,7 @@ def test_a_document_the_store_cannot_keep_does_not_jam_it(tiny_encoder, tmp_path
 def test_concurrent_adds_of_one_id_give_exactly_one_200_and_the_rest_409(tiny_encoder, tmp_path: Path):
     from embforge.serve.store import DocumentStore
 
-    original = tiny_encoder.embed_ids
-
-    def slow(ids, **kwargs):
-        time.sleep(0.02)
-        return original(ids, **kwargs)
-
-    tiny_encoder.embed_ids = slow
+    slow_down(tiny_encoder, 0.02)
     store = DocumentStore.open(tmp_path / "docs", dim=tiny_encoder.dim)
     from embforge.serve.config import ServeConfig
 

@@ -5,42 +5,14 @@ from __future__ import annotations
 
 import http.client
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
-from tests.conftest import fail_batches_of  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def running(app, config) -> Iterator[tuple[int, object]]:
-    from embforge.serve.runner import uvicorn_config
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn_config(app, config, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    try:
-        yield port, server
-    finally:
-        server.should_exit = True
-        thread.join(20)
+from tests.conftest import fail_batches_of, running
 
 
 def test_a_500_keeps_the_keep_alive_connection_usable(tiny_encoder):

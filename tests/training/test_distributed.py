@@ -20,7 +20,7 @@ import torch
 
 from embforge.encoder import Encoder
 from embforge.training.distributed import spans_for
-from tests.conftest import make_bert, make_cross_encoder, make_tokenizer
+from tests.conftest import WORDS, make_bert, make_cross_encoder, make_tokenizer
 from tests.distributed_helpers import (
     gather_check,
     resume_decision,
@@ -32,28 +32,6 @@ from tests.distributed_helpers import (
     torchrun_command,
 )
 
-WORDS = [
-    "a",
-    "the",
-    "cat",
-    "dog",
-    "man",
-    "woman",
-    "plays",
-    "guitar",
-    "piano",
-    "flute",
-    "plane",
-    "car",
-    "road",
-    "red",
-    "blue",
-    "green",
-    "small",
-    "big",
-    "house",
-    "tree",
-]
 BASE = {
     "max_steps": 5,
     "batch_size": 64,

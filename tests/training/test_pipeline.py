@@ -12,6 +12,7 @@ from embforge.cli import main
 from embforge.encoder import Encoder
 from embforge.kinds import ModelKind
 from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
+from tests.conftest import pipeline_head
 
 PAIRS = [
     ("a man plays the guitar", "a man is playing guitar"),
@@ -36,17 +37,9 @@ def write_pipeline(tmp_path: Path, model_dir: Path, sts_csv: Path, *, overrides:
     topics = tmp_path / "topics.jsonl"
     topics.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in TOPICS * 6))
     o = {"s1_loss": "infonce", "s2_data": str(sts_csv), "s3_dims": "[32, 16]", **(overrides or {})}
-    text = f"""
-model = {_toml_value(str(model_dir))}
-output = "out"
-[defaults]
-batch_size = 4
-save_every = 2
-device = "cpu"
-amp = "no"
-quiet = true
-seed = 3
-
+    text = (
+        pipeline_head(model_dir, save_every=2)
+        + f"""
 [[stages]]
 name = "warmup"
 lr = 1e-3
@@ -84,6 +77,7 @@ matryoshka_dims = {o["s3_dims"]}
   data = "pairs.jsonl"
   loss = "infonce"
 """
+    )
     path = tmp_path / "pipeline.toml"
     path.write_text(text)
     return path

@@ -16,7 +16,7 @@ from embforge.encoder import Encoder
 from embforge.retrieval.corpus_cache import load_encoded
 from embforge.training.pipeline import PipelineError, load_pipeline, run_pipeline, validate_pipeline
 from tests.conftest import STS_ROWS as PAIRS
-from tests.conftest import make_bert, make_tokenizer, requires_data
+from tests.conftest import make_bert, make_tokenizer, pipeline_head, requires_data
 
 
 def make_teacher_dir(tmp_path: Path) -> Path:
@@ -32,45 +32,33 @@ def make_teacher_dir(tmp_path: Path) -> Path:
 def write_pipeline(
     tmp_path: Path, model_dir: Path, *, teacher: str | None, loss: str = "mse_distill"
 ) -> Path:
+    """Stage 1 distils (``loss``, with targets from ``teacher``), stage 2 trains on the STS scores."""
     (tmp_path / "pairs.csv").write_text("".join(f"{a},{b},{s}\n" for a, b, s in PAIRS * 3))
-    teacher_line = f"teacher = {json.dumps(teacher)}" if teacher else ""
+    head = pipeline_head(
+        model_dir, save_every=0, extra=f"teacher_cache = {json.dumps(str(tmp_path / 'cache'))}"
+    )
+    distill = _sts_stage("distill", 1e-3, 5, "sts-distill", loss, teacher=teacher)
     path = tmp_path / "distill.toml"
-    path.write_text(
-        f"""
-model = {json.dumps(str(model_dir))}
-output = "out"
-teacher_cache = {json.dumps(str(tmp_path / "cache"))}
-[defaults]
-batch_size = 4
-save_every = 0
-device = "cpu"
-amp = "no"
-quiet = true
-seed = 3
+    path.write_text(head + distill + _sts_stage("sts", 1e-4, 3, "sts", "cosent"))
+    return path
 
+
+def _sts_stage(name: str, lr: float, steps: int, task: str, loss: str, *, teacher: str | None = None) -> str:
+    """A stage of ``steps`` steps at ``lr``: one task ``task`` on pairs.csv's scored pairs (targets from
+    ``teacher`` when given)."""
+    teacher_line = f"teacher = {json.dumps(teacher)}" if teacher else ""
+    return f"""
 [[stages]]
-name = "distill"
-lr = 1e-3
-steps = 5
+name = "{name}"
+lr = {lr}
+steps = {steps}
   [[stages.tasks]]
-  name = "sts-distill"
+  name = "{task}"
   data = "pairs.csv"
   columns = "0=sentence1,1=sentence2,2=score"
   loss = "{loss}"
   {teacher_line}
-
-[[stages]]
-name = "sts"
-lr = 1e-4
-steps = 3
-  [[stages.tasks]]
-  name = "sts"
-  data = "pairs.csv"
-  columns = "0=sentence1,1=sentence2,2=score"
-  loss = "cosent"
 """
-    )
-    return path
 
 
 def _mse(student: Encoder, teacher: Encoder, texts: list[str]) -> float:
