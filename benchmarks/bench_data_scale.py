@@ -107,20 +107,17 @@ def tiny_model() -> str:
     folder = OUT / "tiny_bert"
     if not (folder / "modules.json").exists():
         import torch
-        from transformers import BertConfig, BertModel
+        from transformers import BertModel
 
         from embforge.encoder import Encoder
 
+        sys.path.insert(0, str(ROOT))
+        from tests.conftest import tiny_bert_config  # the unit tests' tiny BERT, here twice as wide
+
         tokenizer = Encoder.load("all-MiniLM-L6-v2").tokenizer
         torch.manual_seed(0)
-        config = BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=512,
-        )
+        wide = {"hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 512}
+        config = tiny_bert_config(len(tokenizer), **wide)
         Encoder(BertModel(config), tokenizer, pooling="mean", normalize=False, max_seq_length=128).save(
             folder
         )
