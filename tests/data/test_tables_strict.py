@@ -30,23 +30,6 @@ def test_standard_names_match_whatever_their_case(tmp_path):
     assert data.lines == [2]
 
 
-@pytest.mark.parametrize(
-    ("name", "content", "expected"),
-    [
-        (
-            "d.csv",
-            "sentence1,sentence2,score,score\na,b,1,5\n",
-            r"d\.csv:1: .*'score' twice \(columns 3 and 4\)",
-        ),
-        ("d.tsv", "text\tlabel\tLabel\nx\t1\t2\n", r"d\.tsv:1: .*'label' twice \(columns 2 and 3\)"),
-        ("d.jsonl", '{"text": "a", "label": 1, "label": 0}\n', r"d\.jsonl:1:\d+: duplicate key 'label'"),
-    ],
-)
-def test_duplicate_columns_and_keys_are_refused(tmp_path, name, content, expected):
-    with pytest.raises(DataError, match=expected):
-        read_table(write(tmp_path / name, content))
-
-
 def test_two_sources_mapped_to_one_column_are_refused(tmp_path):
     path = write(tmp_path / "m.csv", "a,b,c\nx,y,1\n")
     with pytest.raises(DataError, match=r"m\.csv:1: .*'a' and 'b' both map to 'sentence1'"):
@@ -56,11 +39,23 @@ def test_two_sources_mapped_to_one_column_are_refused(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
+        # CSV and TSV
         ("empty.csv", "a,b,1\nc, ,2\n", r"empty\.csv:2: column 'sentence2': empty text"),
         ("nan.csv", "a,b,1\nc,d,nan\n", r"nan\.csv:2: column 'score': 'nan' is not a finite number"),
         ("word.csv", "a,b,1\nc,d,high\n", r"word\.csv:2: column 'score': 'high' is not a number"),
         ("ragged.csv", "a,b,1\nc,d\n", r"ragged\.csv:2: expected 3 columns, found 2"),
+        ("q.csv", 'text,label\na,1\n"never closed,0\nb,1\n', r"q\.csv:3:1: quoted field never closed"),
+        ("q.csv", 'text,label\na,1\n"x"y,0\n', r"q\.csv:3:4: unexpected 'y' after the closing quote"),
+        ("q.csv", "text,label\na\rb,1\n", r"q\.csv:2:2: line break inside an unquoted field"),
+        (
+            "d.csv",
+            "sentence1,sentence2,score,score\na,b,1,5\n",
+            r"d\.csv:1: .*'score' twice \(columns 3 and 4\)",
+        ),
         ("ragged.tsv", "a\tb\t1\n\nc\td\t1\te\n", r"ragged\.tsv:3: expected 3 columns, found 4"),
+        ("d.tsv", "text\tlabel\tLabel\nx\t1\t2\n", r"d\.tsv:1: .*'label' twice \(columns 2 and 3\)"),
+        # JSON lines
+        ("d.jsonl", '{"text": "a", "label": 1, "label": 0}\n', r"d\.jsonl:1:\d+: duplicate key 'label'"),
         (
             "missing.jsonl",
             '{"text": "a", "label": 1}\n{"text": "b"}\n',
@@ -85,14 +80,11 @@ def test_two_sources_mapped_to_one_column_are_refused(tmp_path):
             '{"text": "a", "score": 1e999}\n',
             r"b\.jsonl:1: column 'score': .* is not a finite number",
         ),
-        ("q.csv", 'text,label\na,1\n"never closed,0\nb,1\n', r"q\.csv:3:1: quoted field never closed"),
-        ("q.csv", 'text,label\na,1\n"x"y,0\n', r"q\.csv:3:4: unexpected 'y' after the closing quote"),
-        ("q.csv", "text,label\na\rb,1\n", r"q\.csv:2:2: line break inside an unquoted field"),
     ],
 )
 def test_malformed_rows_name_file_line_and_column(tmp_path, name, content, expected):
-    """Loose numbers, empty or missing cells, ragged rows, broken quoting or JSON: refused, with file and line
-    (and column where the text is at fault)."""
+    """Duplicate columns or keys, loose numbers, empty or missing cells, ragged rows, broken quoting or JSON:
+    refused, with file and line (and column where the text is at fault)."""
     with pytest.raises(DataError, match=expected):
         read_table(write(tmp_path / name, content))
 
