@@ -39,7 +39,6 @@ def test_two_sources_mapped_to_one_column_are_refused(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
-        # CSV and TSV
         ("empty.csv", "a,b,1\nc, ,2\n", r"empty\.csv:2: column 'sentence2': empty text"),
         ("nan.csv", "a,b,1\nc,d,nan\n", r"nan\.csv:2: column 'score': 'nan' is not a finite number"),
         ("word.csv", "a,b,1\nc,d,high\n", r"word\.csv:2: column 'score': 'high' is not a number"),
@@ -54,39 +53,34 @@ def test_two_sources_mapped_to_one_column_are_refused(tmp_path):
         ),
         ("ragged.tsv", "a\tb\t1\n\nc\td\t1\te\n", r"ragged\.tsv:3: expected 3 columns, found 4"),
         ("d.tsv", "text\tlabel\tLabel\nx\t1\t2\n", r"d\.tsv:1: .*'label' twice \(columns 2 and 3\)"),
-        # JSON lines
-        ("d.jsonl", '{"text": "a", "label": 1, "label": 0}\n', r"d\.jsonl:1:\d+: duplicate key 'label'"),
-        (
-            "missing.jsonl",
-            '{"text": "a", "label": 1}\n{"text": "b"}\n',
-            r"missing\.jsonl:2: column 'label': missing",
-        ),
-        (
-            "bad.jsonl",
-            '{"text": "a", "label": 1}\n{"text": "b",\n',
-            r"bad\.jsonl:2:\d+: invalid JSON",
-        ),
-        ("null.jsonl", '{"text": null, "label": 1}\n', r"null\.jsonl:1: column 'text': missing value"),
-        ("b.jsonl", '{"text": "a", "score": true}\n', r"b\.jsonl:1: column 'score': True is not a number"),
-        ("b.jsonl", '{"text": "a", "score": "1_0"}\n', r"b\.jsonl:1: column 'score': '1_0' is not a number"),
-        (
-            "b.jsonl",
-            '{"text": "a", "label": false}\n',
-            r"b\.jsonl:1: column 'label': False is not a valid label",
-        ),
-        ("b.jsonl", '{"text": "a", "label": 1.5}\n', r"b\.jsonl:1: column 'label': 1.5 is not a valid label"),
-        (
-            "b.jsonl",
-            '{"text": "a", "score": 1e999}\n',
-            r"b\.jsonl:1: column 'score': .* is not a finite number",
-        ),
     ],
 )
-def test_malformed_rows_name_file_line_and_column(tmp_path, name, content, expected):
-    """Duplicate columns or keys, loose numbers, empty or missing cells, ragged rows, broken quoting or JSON:
-    refused, with file and line (and column where the text is at fault)."""
+def test_malformed_csv_names_file_line_and_column(tmp_path, name, content, expected):
+    """Duplicate columns, loose numbers, empty cells, ragged rows, broken quoting: refused, with file and line
+    (and column where the text is at fault)."""
     with pytest.raises(DataError, match=expected):
         read_table(write(tmp_path / name, content))
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (['{"text": "a", "label": 1, "label": 0}'], r"1:\d+: duplicate key 'label'"),
+        (['{"text": "a", "label": 1}', '{"text": "b"}'], r"2: column 'label': missing"),
+        (['{"text": "a", "label": 1}', '{"text": "b",'], r"2:\d+: invalid JSON"),
+        (['{"text": null, "label": 1}'], r"1: column 'text': missing value"),
+        (['{"text": "a", "score": true}'], r"1: column 'score': True is not a number"),
+        (['{"text": "a", "score": "1_0"}'], r"1: column 'score': '1_0' is not a number"),
+        (['{"text": "a", "label": false}'], r"1: column 'label': False is not a valid label"),
+        (['{"text": "a", "label": 1.5}'], r"1: column 'label': 1.5 is not a valid label"),
+        (['{"text": "a", "score": 1e999}'], r"1: column 'score': .* is not a finite number"),
+    ],
+)
+def test_malformed_json_lines_name_file_line_and_column(tmp_path, lines, expected):
+    """Duplicate keys, missing or null values, loose numbers, broken JSON: refused, with file and line (and
+    column where the JSON is at fault)."""
+    with pytest.raises(DataError, match=rf"b\.jsonl:{expected}"):
+        read_table(write(tmp_path / "b.jsonl", "".join(line + "\n" for line in lines)))
 
 
 @pytest.mark.parametrize(
