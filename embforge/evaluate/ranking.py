@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from embforge.data.retrieval import RetrievalData
 
 DEFAULT_METRICS: tuple[str, ...] = ("ndcg@10", "mrr@10", "map@100", "recall@100", "precision@10")
 
@@ -180,3 +184,21 @@ def retrieval_result(
     ``queries`` and ``documents`` evaluated."""
     result = {name: 100.0 * value for name, value in evaluate_run(run, qrels, metrics).items()}
     return {**result, "queries": float(queries), "documents": float(documents)}
+
+
+class Search(Protocol):
+    """A retrieval run of some queries and their corpus: the top ``depth`` documents of each query."""
+
+    def __call__(self, data: RetrievalData, *, depth: int) -> Run: ...
+
+
+def evaluate_queries(data: RetrievalData, metrics: Sequence[str], search: Search) -> dict[str, float]:
+    """:func:`retrieval_result` of ``search``'s run of ``data``'s queries that have qrels, to the depth ``metrics``
+    need (:func:`run_depth`); no query with qrels is an error."""
+    data = data.queries_with_qrels()
+    if not data.query_ids:
+        raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")
+    run = search(data, depth=run_depth(metrics))
+    return retrieval_result(
+        run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
+    )

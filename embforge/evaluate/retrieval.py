@@ -6,6 +6,7 @@ Headline numbers are 0–100 (``ndcg@10``, ``mrr@10``, ``recall@100``, ...); the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from embforge.data.retrieval import RetrievalData
-from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
+from embforge.evaluate.ranking import evaluate_queries, run_from_topk
 from embforge.kinds import ModelKind, kind_of
 from embforge.multivector.evaluate import evaluate_multivector
 from embforge.retrieval.corpus_cache import CorpusEmbeddings, encode_corpus, model_fingerprint
@@ -92,22 +93,15 @@ def evaluate_retrieval(
         return evaluate_sparse(
             model, data, metrics=metrics, batch_size=batch_size, show_progress=show_progress
         )
-    data = data.queries_with_qrels()
-    if not data.query_ids:
-        raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")
-    depth = run_depth(metrics)
-    run = search_run(
+    search = functools.partial(
+        search_run,
         model,
-        data,
-        depth=depth,
         batch_size=batch_size,
         index=index,
         corpus_cache=corpus_cache,
         show_progress=show_progress,
     )
-    return retrieval_result(
-        run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
-    )
+    return evaluate_queries(data, metrics, search)
 
 
 def retrieval_evaluator(data: RetrievalData, **options: Any) -> Callable[[Any], dict[str, float]]:

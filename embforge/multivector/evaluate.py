@@ -7,12 +7,13 @@ a dense model's ``{qid: {docid: score}}``) are re-scored by MaxSim and re-ordere
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from embforge.data.retrieval import RetrievalData
-from embforge.evaluate.ranking import retrieval_result, run_depth, run_from_topk
+from embforge.evaluate.ranking import evaluate_queries, run_from_topk
 from embforge.multivector.model import MultiVectorEncoder, pad_matrices
 from embforge.multivector.scoring import maxsim
 from embforge.multivector.search import create_multivector_index
@@ -81,21 +82,16 @@ def evaluate_multivector(
     candidates: Run | None = None,
     index_options: Mapping[str, object] | None = None,
 ) -> dict[str, float]:
-    """Metrics (0–100) of a multi-vector model on ``data`` (queries with qrels only)."""
-    data = data.queries_with_qrels()
-    depth = run_depth(metrics)
-    run = multivector_run(
+    """Metrics (0–100) of a multi-vector model on ``data`` (queries with qrels only; none is an error)."""
+    search = functools.partial(
+        multivector_run,
         model,
-        data,
-        depth=depth,
         batch_size=batch_size,
         index=index,
         candidates=candidates,
         index_options=index_options,
     )
-    return retrieval_result(
-        run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
-    )
+    return evaluate_queries(data, metrics, search)
 
 
 def recall_against(reference: Run, approximate: Run, k: int = 10) -> float:
