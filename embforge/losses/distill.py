@@ -106,6 +106,17 @@ def kl_distill(
     return F.kl_div(log_p_student, p_teacher, reduction="batchmean") * student_temperature**2
 
 
+def teacher_embedding_labels(labels: np.ndarray, loss: str) -> np.ndarray:
+    """Labels that are teacher embeddings (``(rows, dim)`` or ``(rows, columns, dim)``) as float32; other labels
+    are an error of ``loss`` saying how to add them."""
+    if labels.ndim not in (2, 3):
+        raise ValueError(
+            f"{loss} needs teacher embeddings as labels ((rows, dim) or (rows, columns, dim)); "
+            'add them with embforge.distill.signals.with_teacher_embeddings or a task\'s teacher = "FOLDER"'
+        )
+    return labels.astype(np.float32)
+
+
 class MSEDistillLoss(EmbeddingLoss):
     r"""The student's embeddings regress the teacher's (``mse_distill``).
 
@@ -138,12 +149,7 @@ class MSEDistillLoss(EmbeddingLoss):
     needs_labels = True
 
     def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
-        if labels.ndim not in (2, 3):
-            raise ValueError(
-                "mse_distill needs teacher embeddings as labels ((rows, dim) or (rows, columns, dim)); "
-                "add them with embforge.distill.signals.with_teacher_embeddings"
-            )
-        return labels.astype(np.float32)
+        return teacher_embedding_labels(labels, self.name)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         assert labels is not None

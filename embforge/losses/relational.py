@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from embforge.losses.base import EmbeddingLoss, cosine_matrix
-from embforge.losses.distill import KLTemperatures, kl_distill
+from embforge.losses.distill import KLTemperatures, kl_distill, teacher_embedding_labels
 
 
 def off_diagonal(matrix: Tensor) -> Tensor:
@@ -127,12 +127,7 @@ class SimilarityDistillLoss(KLTemperatures, EmbeddingLoss):
     default_temperature = 0.05
 
     def prepare_labels(self, labels: np.ndarray) -> np.ndarray:
-        if labels.ndim not in (2, 3):
-            raise ValueError(
-                "similarity_distill needs teacher embeddings as labels ((rows, dim) or (rows, columns, dim)); "
-                'add them with embforge.distill.signals.with_teacher_embeddings or a task\'s teacher = "FOLDER"'
-            )
-        return labels.astype(np.float32)
+        return teacher_embedding_labels(labels, self.name)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         assert labels is not None
