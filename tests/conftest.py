@@ -237,6 +237,13 @@ def train_sts(out: Path, model_dir: Path, csv: Path, **fields: Any) -> tuple[dic
     return train(model, [Task("sts", read_table(csv), get_loss("cosent"))], config), model
 
 
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Two state dicts hold the same tensors, bit for bit (the failing key named)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
 def fail_batches_of(encoder: Any, size: int) -> None:
     """Make ``encoder``'s model calls on batches of ``size`` texts raise ``RuntimeError("out of memory")``."""
     original = encoder.embed_ids

@@ -21,6 +21,7 @@ from embforge.training.sampling import TaskPlan, TextKeys, epoch_plan
 from embforge.training.state import Progress
 from embforge.training.tasks import Task, prepare
 from tests.conftest import WORDS as VOCABULARY
+from tests.conftest import assert_same_weights
 
 pytest.importorskip("datasets")
 
@@ -112,16 +113,10 @@ def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=Fals
     return Encoder.load(out).state_dict()
 
 
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-
-
 def test_streamed_and_memory_mapped_training_give_the_in_memory_weights(pairs, tmp_path, tiny_model_dir):
     memory = train_run(pairs, tmp_path, tiny_model_dir, "memory", out=tmp_path / "memory")
     for mode in ("mmap", "stream"):
-        assert_same(memory, train_run(pairs, tmp_path, tiny_model_dir, mode, out=tmp_path / mode))
+        assert_same_weights(memory, train_run(pairs, tmp_path, tiny_model_dir, mode, out=tmp_path / mode))
     start = Encoder.load(tiny_model_dir).state_dict()
     assert any(not torch.equal(start[k], memory[k]) for k in start)  # it trained
 
@@ -135,7 +130,7 @@ def test_an_interrupted_streamed_run_resumes_to_the_same_weights(pairs, tmp_path
     resumed = train_run(
         pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", resume=True, save_every=3
     )
-    assert_same(full, resumed)
+    assert_same_weights(full, resumed)
 
 
 def test_two_ranks_see_disjoint_rows_whose_union_is_the_epoch(pairs):

@@ -19,16 +19,11 @@ from embforge.losses import get_loss
 from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.tasks import Task, prepare
+from tests.conftest import assert_same_weights
 
 
 def weights(path):
     return Encoder.load(path).state_dict()
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 
 
 def test_training_lowers_loss_logs_and_keeps_best(tmp_path, tiny_model_dir, sts_csv):
