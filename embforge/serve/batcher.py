@@ -230,6 +230,10 @@ class MicroBatcher:
     async def _run_counted(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
         try:
             await self._run(loop, batch)
+        except Exception as err:  # after the model call (rows, metrics hook): answer, never hang
+            for entry in batch:
+                if not entry.job.future.done():
+                    entry.job.future.set_exception(err)
         finally:
             self._busy -= 1
             self._running_items -= len(batch)

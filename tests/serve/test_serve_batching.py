@@ -294,3 +294,23 @@ def test_with_two_streams_the_queued_work_is_shared_between_them():
     results = asyncio.run(main())
     assert [int(r[0, 0]) for r in results] == [len(f"t{i}") for i in range(64)]
     assert sizes == [32, 32]
+
+
+def test_an_error_after_the_model_call_answers_the_request_instead_of_leaving_it_waiting():
+    """A failure outside the model call (here the metrics hook) fails the batch's requests with that error;
+    before, the batch task died with the error and its requests waited for the server's timeout."""
+    from embforge.serve.batcher import MicroBatcher
+
+    def hook(n: int, seconds: float) -> None:
+        raise RuntimeError("metrics broke")
+
+    async def main():
+        batcher = MicroBatcher(lambda items: np.ones((len(items), 1)), on_batch=hook)
+        batcher.start()
+        try:
+            return await asyncio.wait_for(batcher.submit(["a", "b"]), 5.0)
+        finally:
+            await batcher.stop()
+
+    with pytest.raises(RuntimeError, match="metrics broke"):
+        asyncio.run(main())
