@@ -29,6 +29,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import parent_or_child, quiet_config, run_child
 
@@ -85,11 +86,13 @@ def generate(rows: int, path: Path) -> float:
     return time.perf_counter() - start
 
 
-def tokens_per_pair(path: Path, model: str, samples: int = 3000) -> float:
-    """Mean tokens of a row's two texts, over ``samples`` rows read at random offsets of ``path``."""
-    from embforge.encoder import Encoder
+def model_folder(model: str) -> str:
+    """The ``--model`` to load: a folder or alias, or ``tiny`` (built once, :func:`tiny_model`)."""
+    return tiny_model() if model == "tiny" else model
 
-    tokenizer = Encoder.load(model if model != "tiny" else tiny_model()).tokenizer
+
+def tokens_per_pair(path: Path, tokenizer: Any, samples: int = 3000) -> float:
+    """Mean tokens of a row's two texts, over ``samples`` rows read at random offsets of ``path``."""
     size = path.stat().st_size
     rnd = random.Random(0)
     texts: list[str] = []
@@ -141,7 +144,7 @@ def child(args: argparse.Namespace) -> None:
     options = SourceOptions(mode=args.mode, window=args.window, cache_dir=str(OUT / "arrow_cache"))
     source = open_source(args.file, options)
     open_seconds = time.time() - opened
-    model = Encoder.load(args.model if args.model != "tiny" else tiny_model())
+    model = Encoder.load(model_folder(args.model))
     window = args.window if args.mode != "memory" else 0
     config = quiet_config(
         OUT / f"model_{args.mode}", max_steps=1 + args.steps, batch_size=32, shuffle_window=window, seed=0
@@ -200,6 +203,9 @@ def main() -> None:
     if args is None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
+    from embforge.encoder import Encoder
+
+    tokenizer = Encoder.load(model_folder(args.model)).tokenizer  # for the files' tokens per pair
     results = []
     for size in [int(s) for s in args.sizes.split(",")]:
         file = OUT / f"pairs_{size}.tsv"
@@ -208,7 +214,7 @@ def main() -> None:
             f"{size:>10,} rows: {file.stat().st_size / 2**20:,.0f} MB file (generated in {made:.0f} s)",
             flush=True,
         )
-        tokens = tokens_per_pair(file, args.model)
+        tokens = tokens_per_pair(file, tokenizer)
         for mode in args.modes.split(","):
             if mode == "memory" and size > args.memory_max:
                 continue

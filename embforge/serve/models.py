@@ -117,7 +117,7 @@ class ModelSet:
                 self._batcher(embed_fn(model, config.max_batch_tokens), _label("embedding", name, i), model),
                 _backend(model),
                 model,
-                (ranges or {}).get(name) if (ranges or {}).get(name) is not None else _saved_ranges(model),
+                _ranges((ranges or {}).get(name), model),
             )
             for i, (name, model) in enumerate(embedders.items())
         }
@@ -192,6 +192,11 @@ def _pick(models: dict[str, Served], name: str | None, kind: str) -> Served:
             404, f"no {kind} model named {name!r}; this server has: {known}", "model", "model_not_found"
         )
     return models[name]
+
+
+def _ranges(given: np.ndarray | None, model: BatchEncoding) -> np.ndarray | None:
+    """The int8/uint8 calibration ranges to serve: ``given``, else those saved beside the model."""
+    return given if given is not None else _saved_ranges(model)
 
 
 def _saved_ranges(model: BatchEncoding) -> np.ndarray | None:
