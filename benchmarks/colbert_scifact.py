@@ -54,10 +54,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--no-plaid", action="store_true", help="score embforge's model by exact MaxSim only (no PLAID index)"
     )
+    parser.add_argument(
+        "--amp", default="no", choices=["no", "bf16"], help="mixed precision of both sides' training"
+    )
     parser.add_argument("--pairs", default="")
     parser.add_argument("--model", default="")
-    # what _common's training settings read besides --steps, --batch-size, --lr and --seed: one pass, CPU, fp32
-    parser.set_defaults(epochs=1, device="cpu", amp="no")
+    # what _common's training settings read besides --steps, --batch-size, --lr, --seed and --amp: one pass, CPU
+    parser.set_defaults(epochs=1, device="cpu")
     return parser.parse_args()
 
 
@@ -134,7 +137,8 @@ def colbert_config(args: argparse.Namespace, out: Path, seed: int):
 def pylate_flags(args: argparse.Namespace, pairs_file: Path, minilm: Path, out: Path, seed: int) -> list[str]:
     """The command line of pylate's side (``--side pylate``): the same pairs, model, steps, batch and lr."""
     flags = ["--pairs", str(pairs_file), "--model", str(minilm), "--out", str(out), "--seed", str(seed)]
-    return [*flags, "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
+    flags += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
+    return [*flags, "--amp", args.amp]
 
 
 def run_peer(*command: str) -> dict:
