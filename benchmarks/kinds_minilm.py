@@ -3,9 +3,10 @@
 - multivector: all-MiniLM-L6-v2 made a ColBERT model, trained on SciFact train pairs, evaluated on a SciFact dev
   subset (exact MaxSim), its folder loaded by pylate (in ``.bench-venvs/pylate``: token vectors compared), served
   (``/v1/embeddings`` token vectors, ``/search`` by MaxSim);
-- sparse: no pretrained MLM is available offline and all-MiniLM-L6-v2 has no MLM head, so a tiny random
-  ``BertForMaskedLM`` (the test suite's) is trained with SpladeLoss on the same pairs, evaluated, loaded by
-  sentence-transformers' ``SparseEncoder`` and served;
+- sparse: no pretrained MLM is available offline and all-MiniLM-L6-v2 has no MLM head, so its encoder gets a
+  new MLM head (``BertForMaskedLM.from_pretrained``: the output layer tied to MiniLM's word embeddings, the
+  transform layer freshly initialised), is trained with SpladeLoss on the same pairs, evaluated, loaded by
+  sentence-transformers' ``SparseEncoder`` and served (``--sparse-base tiny``: the test suite's tiny random MLM);
 - static: ``distill-static`` from all-MiniLM-L6-v2 (model2vec), one epoch of CoSENT on STS-B train, STS-B test
   Spearman before and after, loaded by sentence-transformers (``StaticEmbedding``), served.
 
@@ -133,26 +134,40 @@ def multivector(out: Path, minilm: Path, pairs: Path, beir: Path, steps: int) ->
     }
 
 
-def sparse(out: Path, pairs: Path, beir: Path, steps: int) -> dict:
+def mlm_folder(out: Path, minilm: Path, base: str) -> tuple[Path, str]:
+    """A ``BertForMaskedLM`` folder to start SPLADE from: MiniLM's encoder with a new MLM head, or a tiny random
+    one (the test suite's 60-word vocabulary: SciFact is mostly [UNK] to it)."""
     sys.path.insert(0, str(ROOT))
     import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from tests.conftest import make_tokenizer
+
+    torch.manual_seed(0)
+    folder = out / f"{base}-mlm"
+    if base == "minilm":
+        BertForMaskedLM.from_pretrained(minilm).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
+        return folder, "sparse (all-MiniLM-L6-v2 encoder + a new MLM head)"
+    tokenizer = make_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)  # fmt: skip
+    BertForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, "sparse (tiny random MLM)"
+
+
+def sparse(out: Path, mlm: Path, pairs: Path, beir: Path, steps: int) -> dict:
     from sentence_transformers import SparseEncoder as STSparseEncoder
-    from transformers import BertConfig, BertForMaskedLM
 
     from embforge.kinds import load_any
     from embforge.serve.app import create_app
-    from tests.conftest import make_tokenizer
 
-    tokenizer = make_tokenizer()  # a 60-word WordPiece vocabulary: SciFact is mostly [UNK] to it
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512)  # fmt: skip
-    mlm = out / "tiny-mlm"
-    BertForMaskedLM(config).save_pretrained(mlm)
-    tokenizer.save_pretrained(mlm)
     folder = out / "sparse"
+    start = time.perf_counter()
     cli("train", "--model", str(mlm), "--model-type", "sparse", "--loss", "splade", "--train", str(pairs),
         "--max-steps", str(steps), "--batch-size", "8", "--output", str(folder), "--quiet")  # fmt: skip
+    trained = time.perf_counter() - start
     metrics = cli("eval", "retrieval", "--model", str(folder), "--data", str(beir), "--split", "test")
     model = load_any(folder)
     theirs = STSparseEncoder(str(folder)).encode_document(DOCS)
@@ -160,7 +175,7 @@ def sparse(out: Path, pairs: Path, beir: Path, steps: int) -> dict:
     gap = float(np.abs(model.encode_document(DOCS).toarray() - theirs).max())
     embedded, hits = served(create_app({"splade": model}), DOCS)
     return {
-        "kind": "sparse (tiny random MLM)",
+        "train_s": round(trained, 1),
         "eval": {k: metrics[k] for k in ("ndcg@10", "document_active_dims", "queries") if k in metrics},
         "sentence_transformers_max_abs_diff": gap,
         "served_active_dims": [len(e["embedding"]["indices"]) for e in embedded],
@@ -211,6 +226,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/kinds-minilm")
     parser.add_argument("--kinds", default="multivector,sparse,static")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--sparse-base", default="minilm", choices=["minilm", "tiny"], help="SPLADE's start")
     args = parser.parse_args()
     from embforge.modeling.resolve import resolve_model_path
 
@@ -222,7 +238,8 @@ def main() -> None:
         if kind == "multivector":
             result = multivector(out, minilm, pairs, beir, args.steps)
         elif kind == "sparse":
-            result = sparse(out, pairs, beir, args.steps)
+            mlm, name = mlm_folder(out, minilm, args.sparse_base)
+            result = {"kind": name} | sparse(out, mlm, pairs, beir, args.steps)
         else:
             result = static(out, minilm)
         print(json.dumps(result), flush=True)

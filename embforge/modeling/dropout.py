@@ -72,12 +72,15 @@ def forward_keys(
 
 
 def hash64(x: Tensor) -> Tensor:
-    """splitmix64's finaliser on an int64 tensor (wrapping arithmetic; logical shifts), elementwise."""
-    x = x ^ ((x >> 30) & ((1 << 34) - 1))
-    x = x * _M1
-    x = x ^ ((x >> 27) & ((1 << 37) - 1))
-    x = x * _M2
-    return x ^ ((x >> 31) & ((1 << 33) - 1))
+    """splitmix64's finaliser on an int64 tensor (wrapping arithmetic; logical shifts), elementwise; ``x`` is
+    left as it was. Two buffers of ``x``'s size, every later step in place: on a CPU, a fresh tensor per step
+    (page faults on every large allocation) made the hash 3x slower."""
+    shifted = x >> 30
+    x = x ^ shifted.bitwise_and_((1 << 34) - 1)  # the one new tensor: the caller's x stays as it was
+    x.mul_(_M1)
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 27, out=shifted).bitwise_and_((1 << 37) - 1))
+    x.mul_(_M2)
+    return x.bitwise_xor_(torch.bitwise_right_shift(x, 31, out=shifted).bitwise_and_((1 << 33) - 1))
 
 
 def text_keys(seed: int, places: Sequence[int], *, device: torch.device | str | None = None) -> Tensor:

@@ -42,3 +42,30 @@ def test_dropped_attention_gradients_pass_gradcheck():
     torch.autograd.gradcheck(
         lambda a, b, c: dropped_attention(a, b, c, key_mask, drop[:3, :2, :4, :4], 1.25, 0.7), (q, k, v)
     )
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 10**6])
+def test_dropped_attention_under_autocast_runs_chunked_at_autocast_precision(monkeypatch, chunk_elements):
+    """Under bf16 autocast the chunked attention runs (no written-out (texts, heads, rows, width) tensors) with
+    autocast's precisions — products in bf16, softmax in fp32 — so values and gradients match the written-out
+    ops under the same autocast to bf16 rounding, and the gradients reach the inputs in their own dtype."""
+    monkeypatch.setitem(attention._CHUNK_ELEMENTS, "cpu", chunk_elements)
+    q, k, v, key_mask, drop = _inputs(texts=5, heads=3, rows=9, width=9, d=8)
+    grad = torch.randn(5, 3, 9, 8)
+    calls = []
+    monkeypatch.setattr(attention, "written_attention", lambda *a: calls.append(a) or written_attention(*a))
+    results = []
+    for run in (dropped_attention, written_attention):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))  # as a Linear under autocast gives them
+            out = run(qb, kb, vb, key_mask, drop, 1 / 0.7, 0.5)
+        out.float().backward(grad)
+        results.append((out, [x.grad.clone() for x in (q, k, v)]))
+        for x in (q, k, v):
+            x.grad = None
+    (ours, ours_grads), (reference, reference_grads) = results
+    assert not calls  # the chunked path ran, not the written-out ops
+    assert ours.dtype == reference.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), reference.float(), rtol=2e-2, atol=2e-2)
+    for mine, theirs in zip(ours_grads, reference_grads):
+        torch.testing.assert_close(mine, theirs, rtol=3e-2, atol=3e-2)
