@@ -314,3 +314,39 @@ def test_an_error_after_the_model_call_answers_the_request_instead_of_leaving_it
 
     with pytest.raises(RuntimeError, match="metrics broke"):
         asyncio.run(main())
+
+
+def test_with_two_streams_a_free_stream_does_not_wait_for_a_batch_to_fill_while_the_other_runs():
+    """A merged batch (two requests) is inside the model on one stream; a third request arrives: the free stream
+    runs it at once instead of waiting ``max_wait_ms`` for more to join (16 clients on a 2-core, two-stream
+    OpenVINO server: the wait left each stream idle a quarter of the time, 1,059 vs 1,188 texts/s with no wait).
+    Counted by the model calls started while the first is held, not by time: the wait here is 60 s."""
+    from embforge.serve.batcher import MicroBatcher
+
+    held, late_started = threading.Event(), threading.Event()
+    calls: list[list[str]] = []
+
+    def fn(items):
+        calls.append(list(items))
+        if "a" in items:
+            held.wait(30.0)
+        elif "eeeee" in items:
+            late_started.set()
+        return np.array([[len(x)] for x in items])
+
+    async def main():
+        batcher = MicroBatcher(fn, max_batch_size=8, max_wait_ms=60_000, concurrency=2)
+        batcher.start()
+        # four requests at once: two merged batches of two, one per stream; the one with "a" stays inside
+        first = asyncio.gather(*(batcher.submit([t]) for t in ["a", "bb", "ccc", "dddd"]))
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(batcher.submit(["eeeee"]))
+        started = await asyncio.get_running_loop().run_in_executor(None, late_started.wait, 10.0)
+        held.set()
+        results = [*(await first), await late]
+        await batcher.stop()
+        return started, results
+
+    started, results = asyncio.run(main())
+    assert started and calls == [["a", "bb"], ["ccc", "dddd"], ["eeeee"]]
+    assert [int(r[0, 0]) for r in results] == [1, 2, 3, 4, 5]
