@@ -41,6 +41,9 @@ from embforge.progress import progress_bar, progress_enabled
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+    from typing_extensions import Unpack
+
+    from embforge.protocols import LoadOptions, ModelPath
 
 # activation applied by predict() -> sentence-transformers' name for it
 _ACTIVATIONS = {
@@ -184,7 +187,6 @@ class CrossEncoder(Tokenized, TransformerModule):
         return self(items, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------ inference
-    @torch.inference_mode()
     def predict(
         self,
         pairs: Sequence[Pair] | Pair,
@@ -216,8 +218,6 @@ class CrossEncoder(Tokenized, TransformerModule):
         for i, pair in enumerate(batch):
             if len(pair) != 2 or not all(isinstance(t, str) for t in pair):
                 raise ValueError(f"pairs[{i}] must be a (text, text) tuple, got {pair!r}")
-        was_training = self.training
-        self.eval()
         items = self.tokenize_ids([a for a, _ in batch], [b for _, b in batch])
         order = sort_by_length([ids for ids, _ in items])
         if max_tokens is not None:
@@ -229,9 +229,9 @@ class CrossEncoder(Tokenized, TransformerModule):
             chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
         enabled = progress_enabled(show_progress, steps=len(chunks))
         out = torch.empty((len(items), self.num_labels), dtype=torch.float32)
-        for rows in progress_bar(chunks, desc="predict", unit="batch", enabled=enabled):
-            out[rows] = self.score_ids([items[i] for i in rows]).cpu()  # padding-free for BERT backbones
-        self.train(was_training)
+        with self.inference():
+            for rows in progress_bar(chunks, desc="predict", unit="batch", enabled=enabled):
+                out[rows] = self.score_ids([items[i] for i in rows]).cpu()  # padding-free for BERT backbones
         if activation:
             out = torch.sigmoid(out) if self.activation == "sigmoid" else out
         scores = out[:, 0] if self.num_labels == 1 else out
@@ -251,21 +251,20 @@ class CrossEncoder(Tokenized, TransformerModule):
     @classmethod
     def load(
         cls,
-        path: str | os.PathLike,
+        path: ModelPath,
         *,
         num_labels: int | None = None,
-        device: str | torch.device | None = None,
-        max_seq_length: int | None = None,
         activation: str | None = None,
+        **options: Unpack[LoadOptions],
     ) -> CrossEncoder:
         """Load a cross-encoder folder, or start one from any encoder / bi-encoder folder with a new head.
 
         Args:
             path: A folder (cross-encoder, HF encoder or sentence-transformers bi-encoder) or a known alias.
             num_labels: Outputs of the head; for a folder without a classification head it defaults to 1.
-            device: Where to put the model.
-            max_seq_length: Truncate pairs to this many tokens (default: saved value or min(512, tokenizer's)).
             activation: ``sigmoid`` or ``identity`` for :meth:`predict` (default: saved, else sigmoid for 1 label).
+            **options: ``device``: where to put the model; ``max_seq_length``: truncate pairs to this many tokens
+                (default: saved value or min(512, tokenizer's)).
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -301,12 +300,13 @@ class CrossEncoder(Tokenized, TransformerModule):
                 getattr(model.config, "sentence_transformers", None) or {}
             ).get("activation_fn")
             activation = next((k for k, v in _ACTIVATIONS.items() if v == saved_fn), None)
+        max_seq_length = options.get("max_seq_length")
         if max_seq_length is None:
             max_seq_length = saved.get("max_seq_length") or default_max_seq_length(tokenizer)
         if has_adapter(root) and cross:  # LoRA: base + adapter/ (modeling/lora.py)
             model = load_adapter(model, root)
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
-        return ce.loaded_from(path, device=device)
+        return ce.loaded_from(path, device=options.get("device"))
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Load the weights of the cross-encoder saved at ``path`` into this one, in place (a pipeline resuming

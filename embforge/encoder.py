@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, ClassVar, Literal, TypedDict, overload
+from typing import TYPE_CHECKING, ClassVar, Literal, overload
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -23,7 +21,7 @@ from embforge.modeling.dense import ST_DENSE, Dense
 from embforge.modeling.dropout import mix, text_keys
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
-from embforge.modeling.module import TextModule, inference_context
+from embforge.modeling.module import TextModule
 from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, token_chunks
 from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
@@ -41,12 +39,14 @@ from embforge.modeling.st_folder import (
     write_transformer_config,
 )
 from embforge.onnx.runtime import OnnxEncoder
+from embforge.protocols import LoadOptions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from typing_extensions import Unpack
 
     from embforge.onnx.runtime import OnnxEncoder
+    from embforge.protocols import DeviceLike, ModelPath
 
 # Real tokens per padding-free inference forward (Encoder.batch_plan). On an accelerator each forward's fixed
 # number of operations are kernel launches, so chunks are large; on a CPU an operation costs microseconds and a
@@ -55,16 +55,14 @@ ENCODE_TOKENS = 16384  # accelerators, at least (batch_size x max_seq_length if 
 CPU_ENCODE_TOKENS = 2048
 
 
-class LoadOptions(TypedDict, total=False):
+class EncoderOptions(LoadOptions, total=False):
     """The keyword options of :meth:`Encoder.load` besides ``backend`` (each overrides the folder's setting)."""
 
-    device: str | torch.device | None
     pooling: str | None
     normalize: bool | None
-    max_seq_length: int | None
 
 
-class Encoder(BatchEncoding, TextModule):
+class Encoder(TextModule, BatchEncoding):
     """A bi-encoder: texts -> fixed-size vectors.
 
     Example:
@@ -176,10 +174,6 @@ class Encoder(BatchEncoding, TextModule):
         return self(ids, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------ inference (encode: modeling/encoding.py)
-    def inference(self) -> AbstractContextManager[object]:
-        """Eval mode (restored afterwards) and no autograd, for :meth:`encode`."""
-        return inference_context(self)
-
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32 — the
         padding-free forward where the backbone has one, else one padded batch."""
@@ -209,21 +203,21 @@ class Encoder(BatchEncoding, TextModule):
     @overload
     @classmethod
     def load(
-        cls, path: str | os.PathLike, *, backend: Literal["torch"] = "torch", **options: Unpack[LoadOptions]
+        cls, path: ModelPath, *, backend: Literal["torch"] = "torch", **options: Unpack[EncoderOptions]
     ) -> Encoder: ...
 
     @overload
     @classmethod
     def load(
-        cls, path: str | os.PathLike, *, backend: Literal["onnx"], **options: Unpack[LoadOptions]
+        cls, path: ModelPath, *, backend: Literal["onnx"], **options: Unpack[EncoderOptions]
     ) -> OnnxEncoder: ...
 
     @classmethod
     def load(
         cls,
-        path: str | os.PathLike,
+        path: ModelPath,
         *,
-        device: str | torch.device | None = None,
+        device: DeviceLike = None,
         pooling: str | None = None,
         normalize: bool | None = None,
         max_seq_length: int | None = None,

@@ -12,7 +12,6 @@ The class behind a kind is imported lazily, so ``import embforge.kinds`` stays c
 from __future__ import annotations
 
 import importlib
-import os
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +19,9 @@ from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import has_modules, read_modules, read_st_config
 
 if TYPE_CHECKING:
-    from typing_extensions import TypeIs
+    from typing_extensions import TypeIs, Unpack
 
-    from embforge.protocols import PairScorer
+    from embforge.protocols import LoadOptions, ModelPath, PairScorer
 
 
 class ModelKind(str, Enum):
@@ -93,7 +92,7 @@ _ST_MODEL_TYPES = {
 _STATIC_MODULE = "StaticEmbedding"
 
 
-def folder_kind(path: str | os.PathLike) -> ModelKind | None:
+def folder_kind(path: ModelPath) -> ModelKind | None:
     """The kind a saved folder declares, or ``None`` when it does not say (a plain Hugging Face folder).
 
     Read from ``config_sentence_transformers.json`` (``model_type``) and, for sentence-transformers'
@@ -108,7 +107,8 @@ def folder_kind(path: str | os.PathLike) -> ModelKind | None:
     return _ST_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
 
 
-def load_any(path: str | os.PathLike, **options: object) -> Any:
-    """Load a folder as the kind it declares (a dense :class:`~embforge.encoder.Encoder` when it does not say)."""
+def load_any(path: ModelPath, **options: Unpack[LoadOptions]) -> Any:
+    """Load a folder as the kind it declares (a dense :class:`~embforge.encoder.Encoder` when it does not say),
+    with the options every kind's ``load`` takes."""
     kind = folder_kind(path) or ModelKind.DENSE
     return model_class(kind).load(path, **options)

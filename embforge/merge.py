@@ -41,7 +41,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -50,6 +50,9 @@ from embforge.encoder import Encoder
 from embforge.kinds import ModelKind, folder_kind
 from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import ST_CONFIG_FILE, read_st_config, write_json
+
+if TYPE_CHECKING:
+    from embforge.protocols import ModelPath
 
 METHODS = ("linear", "task_arithmetic", "ties")
 # keys of config_sentence_transformers.json that change what a model outputs (carried over, must agree)
@@ -75,7 +78,7 @@ def model_settings(model: Encoder, folder: str | os.PathLike | None = None) -> d
     return settings
 
 
-def _st_config(folder: str | os.PathLike | None) -> dict[str, Any]:
+def _st_config(folder: ModelPath | None) -> dict[str, Any]:
     return {} if folder is None else read_st_config(resolve_model_path(folder))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +24,20 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from embforge.kinds import ModelKind
+
+# what every model kind's ``load`` (and each helper that finds a model's folder) takes
+ModelPath: TypeAlias = "str | os.PathLike"  # a model folder, a known alias (all-MiniLM-L6-v2) or a Hub id
+DeviceLike: TypeAlias = (
+    "str | torch.device | None"  # where a loaded model goes (None: where it is built, the CPU)
+)
+
+
+class LoadOptions(TypedDict, total=False):
+    """The keyword options of every model kind's ``load(path, **options)`` (a kind adds its own before them)."""
+
+    device: DeviceLike  # where to put the model (None: the CPU)
+    max_seq_length: int | None  # the most tokens of one input, longer ones cut (None: the folder's setting)
+
 
 PairIds = tuple[
     list[int], list[int] | None

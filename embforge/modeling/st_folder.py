@@ -16,15 +16,17 @@ the folder: a downloaded model cannot make embforge read files elsewhere on the 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from embforge import __version__
 from embforge.modeling.dense import Dense
 from embforge.modeling.pooling import mode_from_st_config
 from embforge.modeling.resolve import resolve_model_path
+
+if TYPE_CHECKING:
+    from embforge.protocols import ModelPath
 
 MODULES_FILE = "modules.json"
 ST_CONFIG_FILE = "config_sentence_transformers.json"
@@ -175,7 +177,7 @@ def read_st_settings(root: Path) -> dict:
     return settings
 
 
-def is_cross_encoder_folder(path: str | os.PathLike) -> bool:
+def is_cross_encoder_folder(path: ModelPath) -> bool:
     """Whether ``path`` (a folder or alias) holds a cross-encoder rather than a bi-encoder: its
     ``config_sentence_transformers.json`` says so, or it is a plain HF folder of a ``...ForSequenceClassification``."""
     try:

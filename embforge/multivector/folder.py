@@ -24,26 +24,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from embforge.modeling import st_folder
 from embforge.modeling.dense import Dense
 from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import load_backbone, resolve_model_path
-from embforge.modeling.st_folder import (
-    ST_TRANSFORMER,
-    has_modules,
-    read_json,
-    read_modules,
-    read_st_config,
-    write_json,
-    write_model_config,
-    write_modules,
-    write_transformer_config,
-)
 
 if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
     from embforge.multivector.model import MultiVectorEncoder
+    from embforge.protocols import ModelPath
 
 PYLATE_DENSE = "pylate.models.Dense.Dense"
 COLBERT_MODEL_TYPE = "ColBERT"
@@ -88,17 +79,15 @@ class ColBERTParts:
 
 def is_colbert_folder(root: Path) -> bool:
     """Whether ``root`` is a pylate ColBERT folder (its ``config_sentence_transformers.json`` says so)."""
-    data = read_st_config(root)
+    data = st_folder.read_st_config(root)
     return data.get("model_type") == COLBERT_MODEL_TYPE or "query_prefix" in data
 
 
-def read_multivector(
-    path: str | os.PathLike, *, dim: int = 128, document_length: int | None = None
-) -> ColBERTParts:
+def read_multivector(path: ModelPath, *, dim: int = 128, document_length: int | None = None) -> ColBERTParts:
     """The parts of a pylate folder, or of a new ColBERT model on any encoder folder (see above)."""
     root = resolve_model_path(path)
     if is_colbert_folder(root):
-        config = read_st_config(root)
+        config = st_folder.read_st_config(root)
         transformer, denses = _modules(root)
         if len(denses) != 1:
             raise ValueError(
@@ -109,7 +98,7 @@ def read_multivector(
         projection = Dense.load(root / denses[0])
         prompts = config.get("prompts") or {}
     else:
-        transformer, _ = _modules(root) if has_modules(root) else ("", [])
+        transformer, _ = _modules(root) if st_folder.has_modules(root) else ("", [])
         backbone, tokenizer = load_backbone(root / transformer)
         settings = ColBERTSettings()
         _add_markers(backbone, tokenizer, settings)
@@ -123,7 +112,7 @@ def read_multivector(
 def _modules(root: Path) -> tuple[str, list[str]]:
     """The Transformer's path and the Dense modules' paths of a ``modules.json`` (pooling/normalise skipped)."""
     transformer, denses = "", []
-    for module in read_modules(root):
+    for module in st_folder.read_modules(root):
         if module.kind == "Transformer":
             transformer = module.path
         elif module.kind == "Dense":
@@ -145,12 +134,12 @@ def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None
     """Write ``model`` in pylate's layout (see the module docstring)."""
     root = save_backbone(model.backbone, path)
     model.tokenizer.save_pretrained(root)
-    write_modules(root, [("", ST_TRANSFORMER), ("1_Dense", PYLATE_DENSE)])
-    write_transformer_config(root, model.settings.document_length - 1)
+    st_folder.write_modules(root, [("", st_folder.ST_TRANSFORMER), ("1_Dense", PYLATE_DENSE)])
+    st_folder.write_transformer_config(root, model.settings.document_length - 1)
     model.projection.save(root / "1_Dense")
-    dense_config = read_json(root / "1_Dense" / "config.json")
-    write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
-    write_model_config(
+    dense_config = st_folder.read_json(root / "1_Dense" / "config.json")
+    st_folder.write_json(root / "1_Dense" / "config.json", {**dense_config, "use_residual": False})
+    st_folder.write_model_config(
         root,
         COLBERT_MODEL_TYPE,
         prompts=model.prompts,

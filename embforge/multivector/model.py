@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from itertools import chain
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,11 +35,16 @@ from torch import Tensor, nn
 from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
 from embforge.modeling.dropout import text_keys
-from embforge.modeling.module import TextModule, inference_context
+from embforge.modeling.module import TextModule
 from embforge.modeling.packing import PackedBatch, pack, packed_hidden, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
 from embforge.multivector.folder import ColBERTSettings, read_multivector, save_multivector
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from embforge.protocols import LoadOptions, ModelPath
 
 
 class MultiVectorEncoder(Tokenized, TextModule):
@@ -257,26 +261,17 @@ class MultiVectorEncoder(Tokenized, TextModule):
         matrices = self.encode(texts, is_query=is_query, batch_size=batch_size)
         return pad_matrices(matrices, self.dim)
 
-    def inference(self) -> AbstractContextManager[object]:
-        return inference_context(self)
-
     # ------------------------------------------------------------------ persistence (multivector/folder.py)
     @classmethod
-    def load(
-        cls,
-        path: str | os.PathLike,
-        *,
-        device: str | torch.device | None = None,
-        max_seq_length: int | None = None,
-        dim: int = 128,
-    ) -> MultiVectorEncoder:
+    def load(cls, path: ModelPath, *, dim: int = 128, **options: Unpack[LoadOptions]) -> MultiVectorEncoder:
         """Load a pylate ColBERT folder, or start a new ColBERT model from any encoder folder (a ``dim``-d
-        projection, markers added); ``max_seq_length`` overrides ``document_length``."""
-        parts = read_multivector(path, dim=dim, document_length=max_seq_length)
+        projection, markers added); ``options``: ``device``, and ``max_seq_length`` (overrides
+        ``document_length``)."""
+        parts = read_multivector(path, dim=dim, document_length=options.get("max_seq_length"))
         model = cls(
             parts.backbone, parts.tokenizer, parts.projection, settings=parts.settings, prompts=parts.prompts
         )
-        return model.loaded_from(path, device=device)
+        return model.loaded_from(path, device=options.get("device"))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the folder in pylate's layout (loads with ``pylate.models.ColBERT``)."""

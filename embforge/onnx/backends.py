@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
     from embforge.kinds import ModelKind
     from embforge.onnx.runtime import OnnxCrossEncoder
+    from embforge.protocols import ModelPath
 
 log = logging.getLogger("embforge.backends")
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
@@ -61,7 +62,7 @@ def export_key(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached_export(model: str | os.PathLike, *, cache: Path | None = None) -> Path:
+def cached_export(model: ModelPath, *, cache: Path | None = None) -> Path:
     """An ONNX export folder (fp32 + dynamic int8) of ``model``: the folder itself when it is an export, else a
     cached export made now if missing."""
     from embforge.modeling.resolve import resolve_model_path
@@ -80,7 +81,7 @@ def cached_export(model: str | os.PathLike, *, cache: Path | None = None) -> Pat
 
 
 def load_embedder(
-    model: str | os.PathLike,
+    model: ModelPath,
     *,
     backend: str = "auto",
     threads: int | None = None,
@@ -140,7 +141,7 @@ def load_embedder(
     return OpenVinoEncoder.load(ir, threads=threads, streams=streams)
 
 
-def _other_kind(model: str | os.PathLike) -> ModelKind | None:
+def _other_kind(model: ModelPath) -> ModelKind | None:
     """The declared kind of a model folder when it is not a dense bi-encoder, else ``None``."""
     from embforge.kinds import ModelKind, folder_kind
 
@@ -155,7 +156,7 @@ SCORER_BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino")
 
 
 def load_scorer(
-    model: str | os.PathLike,
+    model: ModelPath,
     *,
     backend: str = "auto",
     threads: int | None = None,

@@ -21,7 +21,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from embforge.modeling.resolve import resolve_model_path
 from embforge.onnx.runtime import OnnxCrossEncoder, OnnxEncoder
 from embforge.quantization import RANGES_FILE, calibrate, write_ranges
 from embforge.retrieval.corpus_cache import model_fingerprint
+
+if TYPE_CHECKING:
+    from embforge.protocols import ModelPath
 
 META_FILE = "embforge_onnx.json"
 FP32_FILE = "model.onnx"
@@ -169,7 +172,7 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def export_onnx(
-    model: str | os.PathLike,
+    model: ModelPath,
     output: str | os.PathLike,
     *,
     quantize: str | None = None,

@@ -21,24 +21,12 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
+from embforge.modeling import st_folder
 from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import default_max_seq_length, hf_quiet, resolve_model_path
-from embforge.modeling.st_folder import (
-    MODULES_FILE,
-    has_modules,
-    inside,
-    module_kind,
-    read_json,
-    read_max_seq_length,
-    read_modules,
-    read_st_config,
-    write_json,
-    write_model_config,
-    write_modules,
-    write_transformer_config,
-)
 
 if TYPE_CHECKING:
+    from embforge.protocols import ModelPath
     from embforge.sparse.model import SparseEncoder
 
 S = TypeVar("S", bound="SparseEncoder")
@@ -64,38 +52,38 @@ class _Layout(TypedDict):
 def _layout(root: Path) -> _Layout:
     """Where the MLM encoder, pooling settings and query table of a folder are."""
     found: _Layout = {"document": root, "query": None, "pooling": {}}
-    if not has_modules(root):
+    if not st_folder.has_modules(root):
         return found
-    modules = [(module.kind, module.folder) for module in read_modules(root)]
+    modules = [(module.kind, module.folder) for module in st_folder.read_modules(root)]
     if modules and modules[0][0] == "Router":
         router = modules[0][1] / "router_config.json"
-        config = read_json(router)
+        config = st_folder.read_json(router)
         structure = config.get("structure", {})
         modules = [
-            (module_kind(config["types"][name]), inside(root, name, router))
+            (st_folder.module_kind(config["types"][name]), st_folder.inside(root, name, router))
             for name in structure.get("document", [])
         ]
         for name in structure.get("query", []):
-            if module_kind(config["types"][name]) != "SparseStaticEmbedding":
+            if st_folder.module_kind(config["types"][name]) != "SparseStaticEmbedding":
                 raise ValueError(
                     f"{root}: query module {name!r} is not supported (only SparseStaticEmbedding)"
                 )
-            found["query"] = inside(root, name, router)
+            found["query"] = st_folder.inside(root, name, router)
     for kind, sub in modules:
         if kind in _ENCODERS:
             found["document"] = sub
         elif kind == "SpladePooling":
-            found["pooling"] = read_json(sub / "config.json")
+            found["pooling"] = st_folder.read_json(sub / "config.json")
         else:
             raise ValueError(
-                f"{root / MODULES_FILE}: module type {kind!r} is not supported by embforge's sparse models "
+                f"{root / st_folder.MODULES_FILE}: module type {kind!r} is not supported by embforge's sparse models "
                 "(supported: MLMTransformer, SpladePooling, a Router with a SparseStaticEmbedding query route)"
             )
     return found
 
 
 def read_sparse_folder(
-    cls: type[S], path: str | os.PathLike, *, max_seq_length: int | None, inference_free: bool | None
+    cls: type[S], path: ModelPath, *, max_seq_length: int | None, inference_free: bool | None
 ) -> S:
     """Build ``cls`` (a :class:`~embforge.sparse.model.SparseEncoder`) from a folder (see the module doc)."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -109,17 +97,19 @@ def read_sparse_folder(
     query_weights, frozen = None, False
     if layout["query"] is not None and inference_free is not False:
         query_weights = load_file(str(layout["query"] / "model.safetensors"))["weight"]
-        frozen = bool(read_json(layout["query"] / "config.json").get("frozen", False))
+        frozen = bool(st_folder.read_json(layout["query"] / "config.json").get("frozen", False))
     elif inference_free:
         query_weights = torch.ones(int(backbone.config.vocab_size))
-    st = read_st_config(root)
+    st = st_folder.read_st_config(root)
     pooling = layout["pooling"]
     return cls(
         backbone,
         tokenizer,
         pooling=pooling.get("pooling_strategy", "max"),
         activation=pooling.get("activation_function", "relu"),
-        max_seq_length=max_seq_length or read_max_seq_length(document) or default_max_seq_length(tokenizer),
+        max_seq_length=max_seq_length
+        or st_folder.read_max_seq_length(document)
+        or default_max_seq_length(tokenizer),
         prompts={k: v for k, v in (st.get("prompts") or {}).items() if v},
         default_prompt_name=st.get("default_prompt_name"),
         query_weights=query_weights,
@@ -139,16 +129,16 @@ def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
     document = root / DOCUMENT_DIR if model.inference_free else root
     save_backbone(model.backbone, document)
     model.tokenizer.save_pretrained(document)
-    write_transformer_config(document, model.max_seq_length)
+    st_folder.write_transformer_config(document, model.max_seq_length)
     weights = model.query_weights  # inference-free: the query table
     if weights is not None:
         query = root / QUERY_DIR
         query.mkdir(exist_ok=True)
         save_file({"weight": weights.detach().float().cpu().contiguous()}, str(query / "model.safetensors"))
-        write_json(query / "config.json", {"frozen": not weights.requires_grad})
+        st_folder.write_json(query / "config.json", {"frozen": not weights.requires_grad})
         model.tokenizer.save_pretrained(query)
-        write_json(root / POOLING_DIR / "config.json", pooling)
-        write_json(
+        st_folder.write_json(root / POOLING_DIR / "config.json", pooling)
+        st_folder.write_json(
             root / "router_config.json",
             {
                 "types": {QUERY_DIR: ST_STATIC_QUERY, DOCUMENT_DIR: ST_MLM, POOLING_DIR: ST_SPLADE_POOLING},
@@ -158,10 +148,10 @@ def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
         )
         modules = [("", ST_ROUTER)]
     else:
-        write_json(root / "1_SpladePooling" / "config.json", pooling)
+        st_folder.write_json(root / "1_SpladePooling" / "config.json", pooling)
         modules = [("", ST_MLM), ("1_SpladePooling", ST_SPLADE_POOLING)]
-    write_modules(root, modules)
-    write_model_config(
+    st_folder.write_modules(root, modules)
+    st_folder.write_model_config(
         root,
         "SparseEncoder",
         prompts={"query": "", "document": "", **model.prompts},

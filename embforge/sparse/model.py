@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -27,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
-from embforge.modeling.module import TextModule, inference_context
+from embforge.modeling.module import TextModule
 from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from typing_extensions import Unpack
 
-    from embforge.protocols import BatchOptions
+    from embforge.protocols import BatchOptions, LoadOptions, ModelPath
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -79,6 +78,7 @@ class SparseEncoder(PromptTokenizing, TextModule):
     """
 
     kind: ClassVar[ModelKind] = ModelKind.SPARSE
+    special: Tensor  # ids that are never a query's term: those added around a text, and padding (a buffer)
 
     def __init__(
         self,
@@ -111,9 +111,7 @@ class SparseEncoder(PromptTokenizing, TextModule):
             if query_weights is None
             else nn.Parameter(query_weights.float().clone(), requires_grad=not freeze_query_weights)
         )
-        # the tokens the tokenizer adds around a text ([CLS], [SEP]) and padding: not part of a query's terms
-        added = {*tokenizer("")["input_ids"], self.pad_token_id}
-        self.special: Tensor
+        added = {*tokenizer("")["input_ids"], self.pad_token_id}  # e.g. [CLS], [SEP] and [PAD]
         special = torch.zeros(self.dim, dtype=torch.bool)
         special[[i for i in added if 0 <= i < self.dim]] = True
         self.register_buffer("special", special, persistent=False)
@@ -183,10 +181,6 @@ class SparseEncoder(PromptTokenizing, TextModule):
         return presence * self.query_weights
 
     # ------------------------------------------------------------------ inference
-    def inference(self) -> AbstractContextManager[object]:
-        """Eval mode (restored afterwards) and no autograd."""
-        return inference_context(self)
-
     def encode(
         self,
         texts: str | Sequence[str],
@@ -259,18 +253,15 @@ class SparseEncoder(PromptTokenizing, TextModule):
     # ------------------------------------------------------------------ persistence (sparse/folder.py)
     @classmethod
     def load(
-        cls,
-        path: str | os.PathLike,
-        *,
-        device: str | torch.device | None = None,
-        max_seq_length: int | None = None,
-        inference_free: bool | None = None,
+        cls, path: ModelPath, *, inference_free: bool | None = None, **options: Unpack[LoadOptions]
     ) -> SparseEncoder:
         """Load a sentence-transformers ``SparseEncoder`` folder (plain or inference-free ``Router``), or a
         Hugging Face ``...ForMaskedLM`` folder (max pooling, ReLU). ``inference_free=True`` on a folder without
-        a query table adds one (all weights 1) for training."""
-        model = read_sparse_folder(cls, path, max_seq_length=max_seq_length, inference_free=inference_free)
-        return model.loaded_from(path, device=device)
+        a query table adds one (all weights 1) for training; ``options``: ``device``, ``max_seq_length``."""
+        model = read_sparse_folder(
+            cls, path, max_seq_length=options.get("max_seq_length"), inference_free=inference_free
+        )
+        return model.loaded_from(path, device=options.get("device"))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sentence-transformers ``SparseEncoder`` folder (loads with ``SparseEncoder(path)``)."""

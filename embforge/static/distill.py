@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from embforge._optional import require
 from embforge.modeling.resolve import resolve_model_path
 
+if TYPE_CHECKING:
+    from embforge.protocols import ModelPath
+
 
 def distill_static(
-    model: str | os.PathLike,
+    model: ModelPath,
     output: str | os.PathLike,
     *,
     pca_dims: int | None = 256,

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from itertools import chain
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,20 +25,15 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
+from embforge.modeling import st_folder
 from embforge.modeling.encoding import BatchEncoding
-from embforge.modeling.module import SavedModule, inference_context
+from embforge.modeling.module import SavedModule
 from embforge.modeling.resolve import resolve_model_path
-from embforge.modeling.st_folder import (
-    MODULES_FILE,
-    ST_NORMALIZE,
-    has_modules,
-    read_json,
-    read_modules,
-    read_st_config,
-    write_json,
-    write_model_config,
-    write_modules,
-)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from embforge.protocols import LoadOptions, ModelPath
 
 ST_STATIC = "sentence_transformers.models.StaticEmbedding"
 
@@ -57,13 +51,18 @@ def fold_model2vec(weights: dict[str, Tensor]) -> Tensor:
     return table
 
 
-class StaticEncoder(BatchEncoding, SavedModule):
+class StaticEncoder(SavedModule, BatchEncoding):
     """Texts -> the (optionally normalised) mean of their tokens' embeddings.
 
-    Example:
-        >>> model = StaticEncoder.load("output/minilm-static")  # doctest: +SKIP
-        >>> model.encode(["a cat", "a dog"]).shape  # doctest: +SKIP
-        (2, 256)
+    Example: all-MiniLM-L6-v2 distilled into a token table (``embforge distill-static``; model2vec's folder,
+    which ``model2vec.StaticModel`` and sentence-transformers load too), encoding ~170x faster than MiniLM on a
+    CPU (``benchmarks/static_minilm.py``):
+
+        >>> from embforge.static.distill import distill_static  # doctest: +SKIP
+        >>> folder = distill_static("all-MiniLM-L6-v2", "runs/minilm-static", pca_dims=256)  # doctest: +SKIP
+        >>> model = StaticEncoder.load(folder)  # doctest: +SKIP
+        >>> model.embedding.num_embeddings, model.dim  # doctest: +SKIP
+        (29525, 256)
     """
 
     kind: ClassVar[ModelKind] = ModelKind.STATIC
@@ -123,41 +122,34 @@ class StaticEncoder(BatchEncoding, SavedModule):
             raise ValueError("a static model has no layers to checkpoint; drop --gradient-checkpointing")
 
     # ------------------------------------------------------------------ inference (BatchEncoding.encode)
-    def inference(self) -> AbstractContextManager[object]:
-        return inference_context(self)
-
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         return self(ids).float().cpu().numpy()
 
     # ------------------------------------------------------------------ persistence
     @classmethod
     def load(
-        cls,
-        path: str | os.PathLike,
-        *,
-        device: str | torch.device | None = None,
-        max_seq_length: int | None = None,
-        normalize: bool | None = None,
+        cls, path: ModelPath, *, normalize: bool | None = None, **options: Unpack[LoadOptions]
     ) -> StaticEncoder:
-        """Load a model2vec folder or a sentence-transformers folder whose first module is ``StaticEmbedding``."""
+        """Load a model2vec folder or a sentence-transformers folder whose first module is ``StaticEmbedding``
+        (``normalize``: override the folder's; ``options``: ``device``, ``max_seq_length``)."""
         from tokenizers import Tokenizer
 
         root = resolve_model_path(path)
         module_dir, has_norm = _static_module(root)
-        config = read_json(root / "config.json")
-        if not has_modules(root):
+        config = st_folder.read_json(root / "config.json")
+        if not st_folder.has_modules(root):
             has_norm = bool(config.get("normalize", True))
-        st_config = read_st_config(root)
+        st_config = st_folder.read_st_config(root)
         model = cls(
             fold_model2vec(load_file(str(module_dir / "model.safetensors"))),
             Tokenizer.from_file(str(module_dir / "tokenizer.json")),
             normalize=has_norm if normalize is None else normalize,
-            max_seq_length=max_seq_length or int(config.get("max_length") or 512),
+            max_seq_length=options.get("max_seq_length") or int(config.get("max_length") or 512),
             prompts=st_config.get("prompts") or {},
             default_prompt_name=st_config.get("default_prompt_name"),
             config=config,
         )
-        return model.loaded_from(path, device=device)
+        return model.loaded_from(path, device=options.get("device"))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model2vec layout (also a sentence-transformers ``StaticEmbedding`` model)."""
@@ -180,11 +172,11 @@ class StaticEncoder(BatchEncoding, SavedModule):
         }
         modules = [(".", ST_STATIC)]
         if self.normalize:
-            modules.append(("1_Normalize", ST_NORMALIZE))
+            modules.append(("1_Normalize", st_folder.ST_NORMALIZE))
             (root / "1_Normalize").mkdir(exist_ok=True)
-        write_json(root / "config.json", config)
-        write_modules(root, modules)
-        write_model_config(
+        st_folder.write_json(root / "config.json", config)
+        st_folder.write_modules(root, modules)
+        st_folder.write_model_config(
             root,
             "SentenceTransformer",
             prompts=self.prompts,
@@ -195,13 +187,13 @@ class StaticEncoder(BatchEncoding, SavedModule):
 
 def _static_module(root: Path) -> tuple[Path, bool]:
     """The folder holding the table and tokenizer, and whether a ``Normalize`` module follows."""
-    if not has_modules(root):
+    if not st_folder.has_modules(root):
         return root, True
-    modules = read_modules(root)
+    modules = st_folder.read_modules(root)
     kinds = [module.kind for module in modules]
     if not kinds or kinds[0] != "StaticEmbedding" or set(kinds[1:]) - {"Normalize"}:
         raise ValueError(
-            f"{root / MODULES_FILE}: a static model is StaticEmbedding (+ Normalize); found "
+            f"{root / st_folder.MODULES_FILE}: a static model is StaticEmbedding (+ Normalize); found "
             f"{', '.join(kinds) or 'nothing'}"
         )
     return modules[0].folder, "Normalize" in kinds[1:]
