@@ -6,8 +6,9 @@ model or a sharding wrapper all fit where they offer the same methods. What a mo
 multi-vector, sparse, static) is declared by its ``kind`` (:mod:`embforge.kinds`), never guessed from which
 attributes it happens to have; what a loss takes (embeddings or pair scores) is declared by its base class.
 
-Nothing here is imported at run time by the classes that satisfy a protocol: conformance is structural and
-checked by mypy.
+The arguments every model kind's ``load`` shares are named here too (:data:`ModelPath`, :data:`DeviceLike`,
+:class:`LoadOptions`). Protocols are never imported at run time by the classes that satisfy them: conformance is
+structural and checked by mypy.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ if TYPE_CHECKING:
 
     from embforge.kinds import ModelKind
 
-# what every model kind's ``load`` (and each helper that finds a model's folder) takes
-ModelPath: TypeAlias = "str | os.PathLike"  # a model folder, a known alias (all-MiniLM-L6-v2) or a Hub id
-DeviceLike: TypeAlias = (
-    "str | torch.device | None"  # where a loaded model goes (None: where it is built, the CPU)
-)
+# What every model kind's ``load`` takes (and each helper that finds a model's folder): a model folder, a known
+# alias (all-MiniLM-L6-v2) or a Hub id; and where the loaded model goes (None: where it was built, the CPU).
+ModelPath: TypeAlias = "str | os.PathLike"
+DeviceLike: TypeAlias = "str | torch.device | None"
 
 
 class LoadOptions(TypedDict, total=False):

@@ -44,7 +44,9 @@ class BatchEncoding(PromptTokenizing):
         raise NotImplementedError
 
     def inference(self) -> AbstractContextManager[object]:
-        """The context :meth:`encode` runs its forward passes in (PyTorch: eval mode, no autograd)."""
+        """The context :meth:`encode` runs its forward passes in: nothing here (exported graphs); PyTorch models
+        put :class:`~embforge.modeling.module.SavedModule` first in their bases, whose ``inference()`` is eval
+        mode and no autograd."""
         return nullcontext()
 
     def batch_plan(self, lengths: Sequence[int], batch_size: int) -> list[range]:
