@@ -308,7 +308,7 @@ class CrossEncoder(Tokenized, TransformerModule):
         ce = cls(model, tokenizer, max_seq_length=int(max_seq_length), activation=activation)
         return ce.loaded_from(path, device=options.get("device"))
 
-    def load_weights(self, path: str | os.PathLike) -> None:
+    def load_weights(self, path: ModelPath) -> None:
         """Load the weights of the cross-encoder saved at ``path`` into this one, in place (a pipeline resuming
         from its last finished stage)."""
         self.load_state_dict(CrossEncoder.load(path).state_dict())

@@ -253,7 +253,7 @@ class Encoder(TextModule, BatchEncoding):
             settings["max_seq_length"] = default_max_seq_length(tokenizer)
         return cls(backbone, tokenizer, **settings).loaded_from(path, device=device)
 
-    def load_weights(self, path: str | os.PathLike) -> None:
+    def load_weights(self, path: ModelPath) -> None:
         """Load the weights of the encoder saved at ``path`` into this one, in place (a pipeline resuming from its
         last finished stage): a ``2_Dense`` projection there that this model lacks is added first."""
         trained = Encoder.load(path)
