@@ -53,6 +53,19 @@ def base_row(recipe: dict[str, Any]) -> tuple[str, str]:
     return f"base-{Path(model).name}", model
 
 
+def anchored(recipe: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A copy of ``recipe`` whose relative data files (resolved against the recipe's ``folder``, as the pipeline
+    does) are absolute, so the variant written elsewhere (``OUT/loo/``) reads the same files."""
+
+    def fix(task: dict[str, Any]) -> dict[str, Any]:
+        data = Path(str(task["data"]))
+        local = folder / data
+        return {**task, "data": str(local.resolve())} if not data.is_absolute() and local.is_file() else task
+
+    stages = [{**stage, "tasks": [fix(t) for t in stage["tasks"]]} for stage in recipe["stages"]]
+    return {**recipe, "stages": stages}
+
+
 def without(
     recipe: dict[str, Any], family: str, *, max_steps: int | None = None, sets: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -102,7 +115,7 @@ def run_loo(
     dry_run: bool = False,
 ) -> None:
     """Train and score every (family, seed) still missing; ``dry_run`` writes the TOMLs and prints the plan."""
-    recipe = tomllib.loads(recipe_path.read_text())
+    recipe = anchored(tomllib.loads(recipe_path.read_text()), recipe_path.resolve().parent)
     tag = variant_tag(recipe_path, sets)
     base_name, base = base_row(recipe)
     for family in families:

@@ -3,6 +3,10 @@
 Pairs get one ``score`` per row, rows with several candidates (triplets, mined negatives) a list
 ``[T(q,p), T(q,n_1), …]`` (JSONL). A cross-encoder teacher gives raw logits, a bi-encoder the cosine; train
 ``margin_mse`` or ``kl_distill`` on the output.
+
+``--lists SIZE`` first turns a file of ``(query, candidate)`` rows (reranking data, labels ignored) into one row per
+query and ``SIZE`` candidates (:func:`embforge.distill.lists.candidate_lists`): unlabelled candidate lists scored
+by the teacher, for ``kl_distill``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,15 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="teacher kind (default: auto, from the folder's config)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing score/label column")
+    parser.add_argument(
+        "--lists",
+        type=int,
+        default=None,
+        metavar="SIZE",
+        help="group (query, candidate) rows by query into rows of SIZE candidates (labels ignored; short lists "
+        "topped up with other queries' candidates at random) before scoring",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --lists top-up (default 0)")
     add_batch_size_arg(parser, default=32)
     parser.set_defaults(func=run_score)
 
@@ -35,10 +48,13 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 def run_score(args: argparse.Namespace) -> Mapping[str, object]:
     from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
     from embforge.data.tables import read_table
+    from embforge.distill.lists import candidate_lists
     from embforge.distill.signals import score_rows, write_scored
     from embforge.encoder import Encoder
 
-    data = read_table(args.data, columns=args.columns)
+    data = read_table(args.data, columns=args.columns, header=args.header)
+    if args.lists is not None:
+        data = candidate_lists(data, size=args.lists, seed=args.seed)
     if data.label_column is not None and not args.overwrite:  # fail before the teacher runs
         raise ValueError(
             f"{args.data}: already has a {data.label_column!r} column; pass --overwrite to replace it"

@@ -133,3 +133,26 @@ def test_the_seed_soup_row_merges_the_recipes_seeds_with_equal_weights(tmp_path)
     a, b = (Encoder.load(tmp_path / f"general-s{s}" / "final").state_dict() for s in (42, 43))
     name = "backbone.encoder.layer.0.attention.self.query.weight"
     torch.testing.assert_close(soup[name], (a[name] + b[name]) / 2, atol=1e-6, rtol=1e-5)
+
+
+def test_a_variants_data_files_stay_the_recipes_when_it_is_written_elsewhere(tmp_path):
+    """A task reading a file next to the recipe (``data = "lists.jsonl"``) reads the same file from OUT/loo/."""
+    loo = _loo()
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "lists.jsonl").write_text(
+        '{"anchor": "a", "positive": "b", "negative_1": "c", "score": [1, 0]}\n'
+    )
+    (recipes / "r.toml").write_text(
+        'model = "m"\n[[stages]]\nname = "s"\n'
+        '  [[stages.tasks]]\n  name = "stsb"\n  data = "stsb:train"\n  loss = "cosent"\n'
+        '  [[stages.tasks]]\n  name = "lists"\n  data = "lists.jsonl"\n  loss = "kl_distill"\n'
+    )
+    out = tmp_path / "out"
+    loo.run_loo(recipes / "r.toml", ["sts"], [42], out, train=None, evaluate=None, dry_run=True)
+    variant = load_toml(out / "loo" / "r-without-sts.toml")
+    (task,) = variant["stages"][0]["tasks"]
+    assert task["data"] == str((recipes / "lists.jsonl").resolve())
+    assert (
+        loo.anchored(load_toml(recipes / "r.toml"), recipes)["stages"][0]["tasks"][0]["data"] == "stsb:train"
+    )
