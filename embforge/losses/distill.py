@@ -79,7 +79,12 @@ def margin_mse(positive: Tensor, negatives: Tensor, labels: Tensor) -> Tensor:
 
 
 def kl_distill(
-    student: Tensor, teacher: Tensor, *, student_temperature: float = 1.0, teacher_temperature: float = 1.0
+    student: Tensor,
+    teacher: Tensor,
+    *,
+    student_temperature: float = 1.0,
+    teacher_temperature: float = 1.0,
+    scale: float | None = None,
 ) -> Tensor:
     r"""Listwise KL from the teacher's to the student's distribution over each row's candidates.
 
@@ -93,6 +98,9 @@ def kl_distill(
         student_temperature: ``τ_s``; the loss is multiplied by ``τ_s²`` (Hinton et al.) so gradients keep
             their size as the temperature changes.
         teacher_temperature: ``τ_t``; match it to the spread of the teacher's scores.
+        scale: the loss's factor instead of ``τ_s²``. ``τ_s²`` keeps the gradient's size across temperatures for
+            one loss alone; in a mix with InfoNCE / CoSENT tasks a small ``τ_s`` shrinks it against theirs
+            (``τ_s = 0.05``: 400x smaller), and ``scale = 1`` keeps the KL at its own size.
     """
     if student.shape != teacher.shape:
         raise ValueError(
@@ -103,7 +111,8 @@ def kl_distill(
         raise ValueError("kl_distill needs at least two candidates per row (a softmax over one is constant)")
     log_p_student = F.log_softmax(student.float() / student_temperature, dim=-1)
     p_teacher = F.softmax(teacher.detach().float().to(student.device) / teacher_temperature, dim=-1)
-    return F.kl_div(log_p_student, p_teacher, reduction="batchmean") * student_temperature**2
+    factor = student_temperature**2 if scale is None else scale
+    return F.kl_div(log_p_student, p_teacher, reduction="batchmean") * factor
 
 
 def teacher_embedding_labels(labels: np.ndarray, loss: str) -> np.ndarray:
@@ -231,7 +240,8 @@ class KLTemperatures(nn.Module):
 
     Shared by the KL losses of every model kind (bi-encoders, cross-encoders, multi-vector, in-batch similarity):
     ``temperature`` sets both sides, ``student_temperature`` / ``teacher_temperature`` each one;
-    ``default_temperature`` is the class's value of ``temperature`` when it is not given.
+    ``default_temperature`` is the class's value of ``temperature`` when it is not given. ``scale`` replaces the
+    loss's ``τ_s²`` factor (:func:`kl_distill`; e.g. ``options = { scale = 1.0 }`` for a KL task in a mix).
     """
 
     default_temperature = 1.0
@@ -241,12 +251,16 @@ class KLTemperatures(nn.Module):
         temperature: float | None = None,
         student_temperature: float | None = None,
         teacher_temperature: float | None = None,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         shared = self.default_temperature if temperature is None else temperature
         self.student_temperature, self.teacher_temperature = kl_temperatures(
             shared, student_temperature, teacher_temperature
         )
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be positive and finite, got {scale}")
+        self.scale = scale
 
     def kl(self, student: Tensor, teacher: Tensor) -> Tensor:
         """:func:`kl_distill` of ``(n, m)`` student and teacher scores at this loss's temperatures."""
@@ -255,6 +269,7 @@ class KLTemperatures(nn.Module):
             teacher,
             student_temperature=self.student_temperature,
             teacher_temperature=self.teacher_temperature,
+            scale=self.scale,
         )
 
 
@@ -299,8 +314,9 @@ class KLDistillLoss(KLTemperatures, EmbeddingLoss):
         student_temperature: float | None = None,
         teacher_temperature: float | None = None,
         similarity: str = "dot",
+        scale: float | None = None,
     ) -> None:
-        super().__init__(temperature, student_temperature, teacher_temperature)
+        super().__init__(temperature, student_temperature, teacher_temperature, scale)
         self.similarity = _check_similarity(similarity)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:

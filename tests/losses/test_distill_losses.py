@@ -108,6 +108,30 @@ def test_kl_distill_by_hand_with_two_temperatures() -> None:
     assert float(loss([q, c1, c2, c3], teacher)) == pytest.approx(ts**2 * total / 2, rel=1e-5)
 
 
+def test_kl_scale_replaces_the_temperature_squared_factor_of_every_kl_loss() -> None:
+    """``scale`` (``options = { scale = 1.0 }``) keeps the KL at its own size: at τ_s = 0.05 the default τ_s²
+    factor makes it 400x smaller than the same KL with scale 1."""
+    q, c1, c2 = (_rand(4, 3, seed=i) for i in range(3))
+    teacher = _rand(4, 2, seed=9)
+    hinton = get_loss("kl_distill", similarity="cosine", temperature=0.05)
+    plain = get_loss("kl_distill", similarity="cosine", temperature=0.05, scale=1.0)
+    assert float(plain([q, c1, c2], teacher)) == pytest.approx(
+        400 * float(hinton([q, c1, c2], teacher)), rel=1e-5
+    )
+    texts, targets = _rand(6, 4, seed=3), _rand(6, 8, seed=4)
+    relational = [get_loss("similarity_distill", scale=s) for s in (None, 2.0)]
+    base, scaled = (float(loss([texts], targets)) for loss in relational)
+    assert scaled == pytest.approx(2.0 / 0.05**2 * base, rel=1e-5)
+    cross = get_cross_loss("kl_distill", scale=1.0, temperature=0.5)
+    logits, scores = _rand(3, 4, seed=5), _rand(3, 4, seed=6)
+    assert float(cross(logits, scores)) == pytest.approx(
+        4 * float(get_cross_loss("kl_distill", temperature=0.5)(logits, scores)), rel=1e-5
+    )
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="scale must be positive"):
+            get_loss("kl_distill", scale=bad)
+
+
 def test_kl_distill_is_zero_when_the_student_matches_the_teacher() -> None:
     q = torch.eye(3)
     cands = [torch.eye(3) * 2.0, torch.zeros(3, 3)]  # dot scores: 2 and 0 for every row
