@@ -142,6 +142,18 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
         "final model = mean of the weights at the last K checkpoint steps (default 0)",
     ),
     ("--soup-every", "soup_every", int, "steps between the soup's members (default: --save-every)"),
+    (
+        "--l2sp",
+        "l2sp",
+        float,
+        "after each step pull lr x L2SP of the way back to the starting weights, e.g. 1000 (default 0: off)",
+    ),
+    (
+        "--wise-ft",
+        "wise_ft",
+        float,
+        "final model = (1 - W) x starting + W x fine-tuned weights, e.g. 0.5 (default off)",
+    ),
 ]
 
 
@@ -162,6 +174,7 @@ _GROUP = {
     **dict.fromkeys(["--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-ratio"], "optimisation"),
     **dict.fromkeys(["--weight-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"),
     **dict.fromkeys(["--ema-decay", "--ema-start", "--soup-last", "--soup-every"], "optimisation"),
+    **dict.fromkeys(["--l2sp", "--wise-ft"], "optimisation"),
     **dict.fromkeys(["--mini-batch-size", "--amp", "--chunk-tokens", "--device"], "scale"),
     **dict.fromkeys(["--eval", "--eval-every", "--retrieval-eval-split"], "evaluation"),
     **dict.fromkeys(["--output", "--save-every"], "output"),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from embforge.modeling.lora import LoraConfig
 from embforge.modeling.precision import check_amp
+from embforge.training.anchor import check_anchor
 from embforge.training.averaging import check_averaging
 from embforge.training.sampling import STRATEGIES
 
@@ -29,7 +30,9 @@ class TrainConfig:
 
     ``ema_decay`` (an EMA of the weights from step ``ema_start``) or ``soup_last`` (the uniform mean of the
     weights at the last k steps ``soup_every`` apart) make the final model an average of weights
-    (:mod:`embforge.training.averaging`).
+    (:mod:`embforge.training.averaging`). ``l2sp`` (decay toward the starting weights after every step) and
+    ``wise_ft`` (the final model mixed with the starting weights) anchor the run to its base
+    (:mod:`embforge.training.anchor`).
     """
 
     output: str = "output"
@@ -73,6 +76,9 @@ class TrainConfig:
     ema_start: int = 0  # first step the EMA follows
     soup_last: int = 0  # uniform mean of the weights at the last k checkpoint steps; 0 = off
     soup_every: int = 0  # steps between the soup's members; 0 = save_every
+    # an anchor to the starting weights (embforge.training.anchor)
+    l2sp: float = 0.0  # decoupled L2-SP: after each step pull lr * l2sp of the way back to the start; 0 = off
+    wise_ft: float | None = None  # WiSE-FT: final model = (1 - w) * start + w * fine-tuned; None = off
 
     def __post_init__(self) -> None:
         if self.mini_batch_size < 0:
@@ -89,6 +95,7 @@ class TrainConfig:
         check_amp(self.amp)
         LoraConfig.from_fields(self)  # validates the lora_* fields
         check_averaging(self)
+        check_anchor(self)
 
 
 def planned_steps(sizes: Sequence[int | None], config: TrainConfig) -> int:

@@ -103,6 +103,8 @@ def train(
             torch.nn.utils.clip_grad_norm_(list(trainer.parameters()), config.max_grad_norm)
         trainer.scaler.step(trainer.optimizer)  # skipped when an fp16 gradient overflowed
         trainer.scaler.update()
+        if trainer.anchor is not None:  # L2-SP: decay toward the starting weights (training/anchor.py)
+            trainer.anchor.pull(float(trainer.scheduler.get_last_lr()[0]))
         trainer.scheduler.step()
         progress.step += 1
         progress.pairs += meter.take_rows()
@@ -152,6 +154,8 @@ def after_step(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter, h
     meter.bar.update(1)
     if trainer.average is not None:  # after the last step the model holds the average: evaluated, saved
         trainer.average.update(trainer.model, step)
+    if trainer.anchor is not None and last:  # WiSE-FT: the final weights mixed with the starting ones
+        trainer.anchor.mix()
     if trainer.dynamic is not None:  # loss-share task weights, saved with the progress
         reweighted = trainer.dynamic.step(step)
         progress.dynamic_weights = trainer.dynamic.state_dict()
@@ -292,6 +296,7 @@ def finish(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter) -> di
         "final": meter.metrics,
         "best": progress.best,
         "averaged": average,
+        "anchored": trainer.anchor.describe() if trainer.anchor is not None else None,
     }
     if trainer.main:
         if average is not None:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from embforge.files import append_jsonl
 from embforge.modeling.precision import amp_dtype
 from embforge.protocols import TrainableModel
+from embforge.training.anchor import Anchor, start_anchor
 from embforge.training.artifacts import clear_finished
 from embforge.training.averaging import WeightAverage, weight_average
 from embforge.training.checkpoints import Stateful, load_trainer_state, set_rng_state, start_run
@@ -103,6 +104,7 @@ class Trainer:
     world: int = 1  # processes under torchrun
     main: bool = True  # rank 0 writes metrics, checkpoints and models
     average: WeightAverage | None = None  # EMA or a soup of the last k checkpoints (training/averaging.py)
+    anchor: Anchor | None = None  # L2-SP / WiSE-FT toward the starting weights (training/anchor.py)
     dynamic: DynamicWeights | None = None  # loss-share task weights (training/weighting.py)
     parallel: DataParallel | None = None  # torchrun: the model in DDP (training/distributed.py)
     resumed_from: Path | None = None
@@ -120,6 +122,8 @@ class Trainer:
         }
         if self.average is not None:
             parts["averaging"] = self.average
+        if self.anchor is not None:
+            parts["anchor"] = self.anchor
         return parts
 
     def task_weights(self) -> list[float]:
@@ -180,6 +184,7 @@ def set_up(model: Trainable, tasks: list[Task], config: TrainConfig) -> tuple[Tr
         world=world,
         main=is_main(),
         average=weight_average(config, total_steps),
+        anchor=start_anchor(model, config),  # the weights before the first step
         dynamic=dynamic,
     )
     return trainer, feed

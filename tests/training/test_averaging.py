@@ -29,8 +29,8 @@ def _model() -> Encoder:
 
 def _run(out: Path, sts_csv: Path, *, on_step=None, resume: bool = False, **options) -> tuple[Encoder, dict]:
     config = TrainConfig(
-        output=str(out), max_steps=STEPS, batch_size=4, lr=1e-3, quiet=True, amp="no", device="cpu",
-        save_every=options.pop("save_every", 0), resume=resume, **options,
+        output=str(out), batch_size=4, lr=1e-3, quiet=True, amp="no", device="cpu", resume=resume,
+        **{"max_steps": STEPS, "save_every": 0, **options},
     )  # fmt: skip
     model = _model()
     data = read_table(sts_csv, columns="0=sentence1,1=sentence2,2=score")

@@ -1,0 +1,111 @@
+"""An anchor to the weights a run starts from, so that fine-tuning keeps what the base model could do.
+
+Two ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.wise_ft``):
+
+- **L2-SP** (Li et al., 2018, "Explicit Inductive Bias for Transfer Learning with Convolutional Networks"),
+  decoupled from the gradient as AdamW decouples weight decay: after every optimiser step,
+
+  .. math:: \\theta \\leftarrow \\theta - \\eta_t\\,\\lambda\\,(\\theta - \\theta_0)
+
+  with :math:`\\eta_t` the step's learning rate and :math:`\\lambda` = ``l2sp``. It is weight decay toward the
+  starting weights :math:`\\theta_0` instead of toward zero: a weight may move as far as the tasks keep pushing it
+  (Adam moves a weight by about :math:`\\eta_t` a step, so it settles about :math:`1/\\lambda` away when every
+  step pushes it the same way), while drift the tasks do not ask for decays back. ``l2sp = 1000`` at ``lr = 5e-5``
+  pulls 5 % of the distance back each step at the peak rate. One fused operation over every weight a step
+  (``torch._foreach_lerp_``), whatever the model's size or the batch.
+- **WiSE-FT** (Wortsman et al., 2022, "Robust fine-tuning of zero-shot models"): after the last step (and after a
+  weight average, :mod:`embforge.training.averaging`), the model becomes
+  :math:`(1 - w)\\,\\theta_0 + w\\,\\theta` with :math:`w` = ``wise_ft`` — the linear merge of ``embforge merge``
+  with the base, done by the run itself, so the final evaluation, the last checkpoint and the saved model are the
+  mixed ones.
+
+:math:`\\theta_0` is a copy of every trainable weight taken before the first step; checkpoints save it (under
+``anchor``), so a resumed run keeps pulling toward the weights the run started from, not the checkpoint's.
+
+>>> import torch
+>>> layer = torch.nn.Linear(2, 2)
+>>> anchor = Anchor(layer, l2sp=1000.0, wise_ft=0.5)
+>>> start = layer.weight.detach().clone()
+>>> with torch.no_grad():
+...     _ = layer.weight.add_(1.0)
+>>> anchor.pull(5e-5)                      # 5 % of the way back
+>>> round(float((layer.weight - start).mean()), 4)
+0.95
+>>> anchor.mix()                           # halfway to the start
+>>> round(float((layer.weight - start).mean()), 4)
+0.475
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from embforge.protocols import TrainableModel
+
+if TYPE_CHECKING:
+    from embforge.training.config import TrainConfig
+
+
+class Anchor:
+    """The starting weights of ``model`` and the two pulls toward them (see the module docstring).
+
+    Args:
+        model: The model being trained (its parameters that require a gradient are anchored).
+        l2sp: :math:`\\lambda` of the decoupled L2-SP pull after every step; 0 = none.
+        wise_ft: Weight of the fine-tuned weights in the final model; ``None`` = no mix.
+    """
+
+    def __init__(self, model: TrainableModel, *, l2sp: float = 0.0, wise_ft: float | None = None) -> None:
+        self.l2sp, self.wise_ft = l2sp, wise_ft
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.weights: list[Tensor] = [p for p in model.parameters() if p.requires_grad]
+        self.starts = [p.detach().clone() for p in self.weights]
+
+    @torch.no_grad()
+    def pull(self, lr: float) -> None:
+        """After an optimiser step at learning rate ``lr``: move every weight ``lr * l2sp`` of the way back."""
+        if self.l2sp > 0:
+            torch._foreach_lerp_(self.weights, self.starts, min(1.0, lr * self.l2sp))
+
+    @torch.no_grad()
+    def mix(self) -> None:
+        """After the last step: the weights become ``(1 - wise_ft) * start + wise_ft * weights``."""
+        if self.wise_ft is not None:
+            torch._foreach_lerp_(self.weights, self.starts, 1.0 - self.wise_ft)
+
+    def describe(self) -> dict[str, object]:
+        """The settings, for the log and the summary."""
+        return {"l2sp": self.l2sp, "wise_ft": self.wise_ft, "weights": len(self.weights)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"starts": {name: start.cpu() for name, start in zip(self.names, self.starts, strict=True)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved: dict[str, Tensor] = state["starts"]
+        if sorted(saved) != sorted(self.names):
+            raise ValueError(
+                "the checkpoint's anchor holds other weights than the model trains; start a new run"
+            )
+        self.starts = [
+            saved[name].to(w.device, w.dtype) for name, w in zip(self.names, self.weights, strict=True)
+        ]
+
+
+def start_anchor(model: TrainableModel, config: TrainConfig) -> Anchor | None:
+    """The :class:`Anchor` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None``."""
+    if config.l2sp == 0 and config.wise_ft is None:
+        return None
+    return Anchor(model, l2sp=config.l2sp, wise_ft=config.wise_ft)
+
+
+def check_anchor(config: TrainConfig) -> None:
+    """Validate a config's ``l2sp`` / ``wise_ft`` fields."""
+    if config.l2sp < 0:
+        raise ValueError(f"l2sp must be >= 0 (0 = no pull toward the start), got {config.l2sp}")
+    if config.wise_ft is not None and not 0.0 <= config.wise_ft <= 1.0:
+        raise ValueError(
+            f"wise_ft must be in [0, 1] (1 = the fine-tuned weights alone), got {config.wise_ft}"
+        )

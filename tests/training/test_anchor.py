@@ -1,0 +1,90 @@
+"""The anchor to the starting weights (embforge/training/anchor.py): L2-SP after every step, WiSE-FT at the end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from embforge.cli import main
+from embforge.encoder import Encoder
+from embforge.training.config import TrainConfig
+from tests.training.test_averaging import STEPS, _assert_equal, _model, _run, _weights, trajectory  # noqa: F401
+
+WORDS = "backbone.embeddings.word_embeddings.weight"
+
+
+def _start() -> dict[str, torch.Tensor]:
+    return _weights(_model())  # every run starts from the same seeded tiny model
+
+
+def test_wise_ft_0_gives_back_the_starting_weights_and_saves_them(tmp_path, sts_csv):
+    model, summary = _run(tmp_path / "w0", sts_csv, wise_ft=0.0)
+    _assert_equal(_weights(model), _start())
+    _assert_equal(_weights(Encoder.load(tmp_path / "w0")), _start())
+    assert summary["anchored"]["wise_ft"] == 0.0
+
+
+def test_wise_ft_is_the_linear_mix_of_the_start_and_the_plain_run(tmp_path, sts_csv, trajectory):  # noqa: F811
+    model, _ = _run(tmp_path / "w", sts_csv, wise_ft=0.25)
+    start = _start()
+    expected = {k: 0.75 * start[k] + 0.25 * trajectory[STEPS][k] for k in start}
+    _assert_equal(_weights(model), expected, atol=1e-6)
+
+
+def test_one_l2sp_step_pulls_lr_times_lambda_of_the_way_back(tmp_path, sts_csv):
+    plain, _ = _run(tmp_path / "plain1", sts_csv, max_steps=1)
+    anchored, _ = _run(tmp_path / "l2sp1", sts_csv, max_steps=1, l2sp=200.0)
+    start, moved = _start(), _weights(plain)
+    rate = 1e-3 * 200.0  # the step's learning rate (no warm-up in a 1-step run) times lambda
+    expected = {k: moved[k] + rate * (start[k] - moved[k]) for k in start}
+    _assert_equal(_weights(anchored), expected, atol=1e-6)
+    assert not torch.equal(_weights(anchored)[WORDS], moved[WORDS])
+
+
+def test_an_l2sp_run_ends_nearer_the_start_than_the_plain_run(tmp_path, sts_csv, trajectory):  # noqa: F811
+    anchored, _ = _run(tmp_path / "l2sp", sts_csv, l2sp=100.0)
+    start = _start()
+
+    def distance(weights: dict[str, torch.Tensor]) -> float:
+        return sum(float((weights[k] - start[k]).norm() ** 2) for k in start) ** 0.5
+
+    assert distance(_weights(anchored)) < 0.9 * distance(trajectory[STEPS])
+
+
+def test_resume_pulls_toward_the_run_start_not_the_checkpoint(tmp_path, sts_csv):
+    options = {"l2sp": 100.0, "wise_ft": 0.5, "save_every": 2}
+    full, _ = _run(tmp_path / "full", sts_csv, **options)
+
+    def crash(step: int) -> None:
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "crash", sts_csv, on_step=crash, **options)
+    state = torch.load(tmp_path / "crash" / "checkpoints" / "checkpoint-2" / "trainer_state.pt")
+    torch.testing.assert_close(state["anchor"]["starts"][WORDS], _start()[WORDS], rtol=0, atol=0)
+    resumed, _ = _run(tmp_path / "crash", sts_csv, resume=True, **options)
+    _assert_equal(_weights(resumed), _weights(full), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"l2sp": -1.0}, "l2sp must be >= 0"), ({"wise_ft": 1.5}, r"wise_ft must be in \[0, 1\]")],
+)
+def test_bad_anchor_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**options)
+
+
+def test_cli_flags_reach_the_config(tmp_path, tiny_model_dir, sts_csv):
+    out = tmp_path / "cli"
+    code = main([
+        "train", "--model", str(tiny_model_dir), "--train", str(sts_csv), "--columns",
+        "0=sentence1,1=sentence2,2=score", "--output", str(out), "--max-steps", "2", "--batch-size", "4",
+        "--l2sp", "500", "--wise-ft", "0.8", "--device", "cpu", "--amp", "no", "--save-every", "0",
+    ])  # fmt: skip
+    assert code in (0, None)
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["anchored"]["l2sp"] == 500.0 and summary["anchored"]["wise_ft"] == 0.8
