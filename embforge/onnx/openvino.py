@@ -124,6 +124,7 @@ class OpenVinoEncoder(ExportedEncoder):
     """A bi-encoder running an exported graph under OpenVINO: same ``encode()`` as :class:`Encoder`."""
 
     backend: ClassVar[str] = "openvino"
+    width_step: ClassVar[int] = WIDTH_STEP  # embed_batch pads to it (padded_width)
 
     def __init__(
         self,

@@ -85,6 +85,7 @@ class ExportedEncoder(BatchEncoding):
     adds its inference engine and :meth:`embed_batch`."""
 
     backend: ClassVar[str] = "onnx"  # the runtime, as the server reports it
+    width_step: ClassVar[int] = 1  # a padded call's sequence width is rounded up to a multiple of this
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, meta: dict[str, Any], *, graph: Path, inputs: set[str]

@@ -350,3 +350,32 @@ def test_with_two_streams_a_free_stream_does_not_wait_for_a_batch_to_fill_while_
     started, results = asyncio.run(main())
     assert started and calls == [["a", "bb"], ["ccc", "dddd"], ["eeeee"]]
     assert [int(r[0, 0]) for r in results] == [1, 2, 3, 4, 5]
+
+
+def test_an_exported_graph_runs_the_short_texts_of_a_batch_apart_from_a_long_one(tiny_model_dir, tmp_path):
+    """A padded graph pads a call to its longest text: three 4-token texts in one call with a 44-token one cost
+    4 x 44 padded tokens, two calls 3 x 4 + 44 (and one more call's fixed cost). The vectors stay the same."""
+    pytest.importorskip("onnxruntime")
+    from fastapi.testclient import TestClient
+
+    from embforge.encoder import Encoder
+    from embforge.onnx.export import export_onnx
+    from embforge.serve.app import create_app
+    from embforge.serve.config import ServeConfig
+
+    export_onnx(tiny_model_dir, tmp_path / "onnx", parity_texts=["the cat", "a dog"])
+    model = Encoder.load(tmp_path / "onnx", backend="onnx")
+    calls: list[list[int]] = []
+    original = model.embed_batch
+
+    def recorded(ids):
+        calls.append(sorted(len(x) for x in ids))
+        return original(ids)
+
+    model.embed_batch = recorded
+    texts = ["the cat", " ".join(["the cat sat on the mat ."] * 6), "a dog", "the sun"]
+    with TestClient(create_app(model, config=ServeConfig(max_wait_ms=0))) as client:
+        body = client.post("/v1/embeddings", json={"input": texts}).json()
+    assert calls == [[4, 4, 4], [44]]
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    np.testing.assert_allclose(got, model.encode(texts), atol=1e-5)
