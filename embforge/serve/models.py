@@ -33,8 +33,9 @@ Reranker = CrossEncoder | OnnxCrossEncoder  # OpenVINO's cross-encoder is an Onn
 Runtime = BatchEncoding | Reranker
 
 
-# a padded call's fixed cost in padded tokens: MiniLM int8 on OpenVINO, one stream, took ~1.5 ms a call beside
-# ~90 us a padded token (benchmarks/README.md, 2026-11-27)
+# a padded call's fixed cost in padded tokens: MiniLM int8 on an OpenVINO stream took ~1.5 ms a call beside ~90 us a
+# padded token; 8, 16 and 32 served short texts alike at 16 and 64 clients, 64 was slower (benchmarks/README.md,
+# 2026-11-27)
 CALL_TOKENS = 16
 
 
