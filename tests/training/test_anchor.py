@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from embforge.cli import main
 from embforge.encoder import Encoder
 from embforge.training.config import TrainConfig
-from tests.training.test_averaging import STEPS, _assert_equal, _model, _run, _weights, trajectory  # noqa: F401
+from tests.training.test_averaging import (  # noqa: F401 (trajectory: a fixture)
+    STEPS,
+    _assert_equal,
+    _model,
+    _run,
+    _weights,
+    cli_summary,
+    trajectory,
+)
 
 WORDS = "backbone.embeddings.word_embeddings.weight"
 
@@ -79,12 +84,5 @@ def test_bad_anchor_options_are_refused(options, message):
 
 
 def test_cli_flags_reach_the_config(tmp_path, tiny_model_dir, sts_csv):
-    out = tmp_path / "cli"
-    code = main([
-        "train", "--model", str(tiny_model_dir), "--train", str(sts_csv), "--columns",
-        "0=sentence1,1=sentence2,2=score", "--output", str(out), "--max-steps", "2", "--batch-size", "4",
-        "--l2sp", "500", "--wise-ft", "0.8", "--device", "cpu", "--amp", "no", "--save-every", "0",
-    ])  # fmt: skip
-    assert code in (0, None)
-    summary = json.loads((out / "train_summary.json").read_text())
+    summary = cli_summary(tmp_path / "cli", tiny_model_dir, sts_csv, "--l2sp", "500", "--wise-ft", "0.8")
     assert summary["anchored"]["l2sp"] == 500.0 and summary["anchored"]["wise_ft"] == 0.8

@@ -129,13 +129,17 @@ def test_bad_averaging_options_are_refused(options, message):
         TrainConfig(**options)
 
 
-def test_cli_flags_reach_the_config(tmp_path, tiny_model_dir, sts_csv):
-    out = tmp_path / "cli"
+def cli_summary(out: Path, model_dir: Path, sts_csv: Path, *flags: str) -> dict:
+    """``embforge train`` of 2 steps on the tiny model with ``flags``; its ``train_summary.json``."""
     code = main([
-        "train", "--model", str(tiny_model_dir), "--train", str(sts_csv), "--columns",
+        "train", "--model", str(model_dir), "--train", str(sts_csv), "--columns",
         "0=sentence1,1=sentence2,2=score", "--output", str(out), "--max-steps", "2", "--batch-size", "4",
-        "--ema-decay", "0.9", "--ema-start", "1", "--device", "cpu", "--amp", "no", "--save-every", "0",
+        "--device", "cpu", "--amp", "no", "--save-every", "0", *flags,
     ])  # fmt: skip
     assert code in (0, None)
-    summary = json.loads((out / "train_summary.json").read_text())
+    return json.loads((out / "train_summary.json").read_text())
+
+
+def test_cli_flags_reach_the_config(tmp_path, tiny_model_dir, sts_csv):
+    summary = cli_summary(tmp_path / "cli", tiny_model_dir, sts_csv, "--ema-decay", "0.9", "--ema-start", "1")
     assert summary["averaged"] == {"kind": "ema", "decay": 0.9, "start": 1, "count": 2}
