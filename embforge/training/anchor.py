@@ -60,8 +60,9 @@ class Anchor:
 
     def __init__(self, model: TrainableModel, *, l2sp: float = 0.0, wise_ft: float | None = None) -> None:
         self.l2sp, self.wise_ft = l2sp, wise_ft
-        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
-        self.weights: list[Tensor] = [p for p in model.parameters() if p.requires_grad]
+        trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.names = [name for name, _ in trained]
+        self.weights: list[Tensor] = [p for _, p in trained]
         self.starts = [p.detach().clone() for p in self.weights]
 
     @torch.no_grad()
