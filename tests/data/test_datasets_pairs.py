@@ -9,7 +9,9 @@ from embforge.data.builtin.mrpc import load_mrpc
 from embforge.data.builtin.senteval_cn import TASKS, load_senteval_cn
 from embforge.data.builtin.snli import load_snli, read_senteval_nli
 from embforge.data.builtin.stsb import load_stsb
+from embforge.data.builtin import load_builtin
 from embforge.data.builtin.wikiqa import load_wikiqa
+from embforge.data.builtin.wikiqa_passages import load_wikiqa_passages
 from embforge.data.tables import DataError, read_table
 from embforge.evaluate.rerank import group_candidates
 from tests.conftest import requires_data
@@ -105,3 +107,23 @@ def test_bench_cosent_vs_ce_runs_every_system_and_prints_mean_std(tiny_model_dir
     assert "| system | stsb | mrpc | avg |" in tables and "| system | mrpc | avg |" in tables
     assert tables.count("±") == 2 * 3 + 2 * 2
     assert result["rows"]["mrpc"]["train"] == "24/3646"
+
+
+def test_wikiqa_passages_join_each_answered_questions_candidates_in_order(tmp_path):
+    (tmp_path / "dev.txt").write_text(
+        "who wrote it ?\tThe book is old .\t0\nwho wrote it ?\tAnn wrote it .\t1\n"
+        "where is it ?\tIt is red .\t0\nwhen was it ?\tIt was 1900 .\t1\n"
+    )
+    pairs = load_wikiqa_passages("dev", root=tmp_path)
+    assert pairs.columns == {
+        "anchor": ["who wrote it ?", "when was it ?"],  # "where is it ?" has no correct answer
+        "positive": ["The book is old . Ann wrote it .", "It was 1900 ."],
+    }
+    assert pairs.lines == [1, 4]  # each pair points at its question's first line
+    with pytest.raises(ValueError, match="WikiQA passages split"):
+        load_wikiqa_passages("all", root=tmp_path)
+
+
+@requires_data
+def test_wikiqa_passages_sizes():
+    assert [len(load_builtin("wikiqa-passages", s)) for s in ("train", "dev", "test")] == [873, 126, 243]

@@ -23,6 +23,7 @@ DATASETS: dict[str, tuple[str, str]] = {
     "banking77": ("banking77", "load_banking77"),
     "mrpc": ("mrpc", "load_mrpc"),
     "wikiqa": ("wikiqa", "load_wikiqa"),
+    "wikiqa-passages": ("wikiqa_passages", "load_wikiqa_passages"),
 }
 
 
