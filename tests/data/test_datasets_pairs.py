@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from embforge.data.builtin import load_builtin
 from embforge.data.builtin._pairs import hash_split
 from embforge.data.builtin.mrpc import load_mrpc
 from embforge.data.builtin.senteval_cn import TASKS, load_senteval_cn
 from embforge.data.builtin.snli import load_snli, read_senteval_nli
 from embforge.data.builtin.stsb import load_stsb
-from embforge.data.builtin import load_builtin
 from embforge.data.builtin.wikiqa import load_wikiqa
 from embforge.data.builtin.wikiqa_passages import load_wikiqa_passages
 from embforge.data.tables import DataError, read_table
