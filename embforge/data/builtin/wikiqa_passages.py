@@ -12,30 +12,25 @@ from __future__ import annotations
 
 import os
 
+from embforge.data.builtin._pairs import check_choice
 from embforge.data.builtin.wikiqa import SPLITS, load_wikiqa
 from embforge.data.tables import Dataset
+from embforge.evaluate.rerank import group_candidates
 
 
 def question_passages(data: Dataset) -> Dataset:
-    """Group ``sentence1, sentence2, label`` rows by question into (question, joined candidates) pairs, keeping
-    questions with a correct answer; each pair points at its question's first line."""
-    sentences: dict[str, list[str]] = {}
-    first_line: dict[str, int] = {}
-    answered: set[str] = set()
-    for question, sentence, label, line in zip(
-        data.columns["sentence1"], data.columns["sentence2"], data.columns["label"], data.lines, strict=True
-    ):
-        sentences.setdefault(question, []).append(sentence.strip())
-        first_line.setdefault(question, line)
-        if label == 1:
-            answered.add(question)
-    kept = [q for q in sentences if q in answered]
-    columns = {"anchor": kept, "positive": [" ".join(sentences[q]) for q in kept]}
-    return Dataset(data.path, columns, [first_line[q] for q in kept])
+    """Group ``sentence1, sentence2, label`` rows by question (the reranking evaluation's grouping, answered
+    questions only) into (question, joined candidates) pairs; each pair points at its question's first line."""
+    groups, _ = group_candidates(data)
+    questions, sentences = data.columns["sentence1"], data.columns["sentence2"]
+    columns = {
+        "anchor": [questions[rows[0]] for rows in groups.values()],
+        "positive": [" ".join(sentences[r].strip() for r in rows) for rows in groups.values()],
+    }
+    return Dataset(data.path, columns, [data.lines[rows[0]] for rows in groups.values()])
 
 
 def load_wikiqa_passages(split: str, *, root: str | os.PathLike | None = None) -> Dataset:
     """One WikiQA split (``train``, ``dev``, ``test``) as ``anchor`` question, ``positive`` passage."""
-    if split not in SPLITS:
-        raise ValueError(f"WikiQA passages split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_choice(split, SPLITS, what="WikiQA passages split")
     return question_passages(load_wikiqa(split, root=root))
