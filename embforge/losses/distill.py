@@ -241,10 +241,12 @@ class KLTemperatures(nn.Module):
     Shared by the KL losses of every model kind (bi-encoders, cross-encoders, multi-vector, in-batch similarity):
     ``temperature`` sets both sides, ``student_temperature`` / ``teacher_temperature`` each one;
     ``default_temperature`` is the class's value of ``temperature`` when it is not given. ``scale`` replaces the
-    loss's ``τ_s²`` factor (:func:`kl_distill`; e.g. ``options = { scale = 1.0 }`` for a KL task in a mix).
+    loss's ``τ_s²`` factor (:func:`kl_distill`; e.g. ``options = { scale = 1.0 }`` for a KL task in a mix);
+    ``default_scale`` is the class's value when it is not given (``None``: ``τ_s²``).
     """
 
     default_temperature = 1.0
+    default_scale: float | None = None
 
     def __init__(
         self,
@@ -260,7 +262,7 @@ class KLTemperatures(nn.Module):
         )
         if scale is not None and not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be positive and finite, got {scale}")
-        self.scale = scale
+        self.scale = self.default_scale if scale is None else scale
 
     def kl(self, student: Tensor, teacher: Tensor) -> Tensor:
         """:func:`kl_distill` of ``(n, m)`` student and teacher scores at this loss's temperatures."""

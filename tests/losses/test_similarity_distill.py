@@ -15,7 +15,8 @@ from tests.training.test_pipeline_teacher import make_teacher_dir, write_pipelin
 
 
 def by_hand(student: np.ndarray, teacher: np.ndarray, tau_s: float, tau_t: float) -> float:
-    """The formula with explicit loops: mean over texts of KL(teacher row || student row), diagonal left out."""
+    """The formula with explicit loops: mean over texts of KL(teacher row || student row), diagonal left out
+    (no τ_s² factor: the loss's default ``scale`` is 1)."""
 
     def cos(x: np.ndarray, i: int, j: int) -> float:
         return float(x[i] @ x[j] / np.linalg.norm(x[i]) / np.linalg.norm(x[j]))
@@ -28,7 +29,7 @@ def by_hand(student: np.ndarray, teacher: np.ndarray, tau_s: float, tau_t: float
         p = np.exp(t - t.max()) / np.exp(t - t.max()).sum()
         log_q = s - s.max() - np.log(np.exp(s - s.max()).sum())
         total += float((p * (np.log(p) - log_q)).sum())
-    return tau_s**2 * total / n
+    return total / n
 
 
 def test_equals_the_formula_by_hand_over_every_text_of_the_batch():
@@ -39,6 +40,19 @@ def test_equals_the_formula_by_hand_over_every_text_of_the_batch():
     value = loss([torch.tensor(a), torch.tensor(b)], torch.tensor(teacher))
     expected = by_hand(np.concatenate([a, b]), np.concatenate([teacher[:, 0], teacher[:, 1]]), 0.3, 0.2)
     assert float(value) == pytest.approx(expected, rel=1e-5)
+
+
+def test_by_default_the_kl_keeps_its_own_size_in_a_mix():
+    """Defect (2026-11-27): the loss took ``kl_distill``'s τ_s² factor, 0.0025 at its default τ_s = 0.05, so beside
+    InfoNCE / CoSENT tasks (losses of 0.1-8) a teacher-similarity task of a recipe was ~400x smaller than them and
+    all but absent. Its default scale is 1 (the KL itself); ``scale`` still sets another factor."""
+    rng = np.random.default_rng(4)
+    student, teacher = rng.normal(size=(8, 6)), rng.normal(size=(8, 10))
+    plain = by_hand(student, teacher, 0.05, 0.05)
+    default = SimilarityDistillLoss()([torch.tensor(student)], torch.tensor(teacher))
+    assert float(default) == pytest.approx(plain, rel=1e-5)
+    hinton = SimilarityDistillLoss(scale=0.05**2)([torch.tensor(student)], torch.tensor(teacher))
+    assert float(hinton) == pytest.approx(0.05**2 * plain, rel=1e-5)
 
 
 def test_one_teacher_row_for_every_column_repeats_it():
