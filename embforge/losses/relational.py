@@ -3,7 +3,7 @@ r"""Similarity-preserving distillation: the teacher's in-batch similarity matrix
 =======================  ==========================================  ==========================================
 name                     data (text columns + labels)                formula
 =======================  ==========================================  ==========================================
-``similarity_distill``   any text columns (one is enough: unlabeled  :math:`\frac1N\sum_i \mathrm{KL}(       
+``similarity_distill``   any text columns (one is enough: unlabeled  :math:`\frac1N\sum_i \mathrm{KL}(
                          texts) + teacher embeddings ``(n, D_t)``    \mathrm{softmax}(T_{i,\ne i}/\tau_t)\,\|\,
                          or ``(n, C, D_t)``                          \mathrm{softmax}(S_{i,\ne i}/\tau_s))`
 =======================  ==========================================  ==========================================
