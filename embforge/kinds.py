@@ -21,7 +21,7 @@ from embforge.modeling.st_folder import has_modules, read_modules, read_st_confi
 if TYPE_CHECKING:
     from typing_extensions import TypeIs, Unpack
 
-    from embforge.protocols import LoadOptions, ModelPath, PairScorer
+    from embforge.protocols import LoadOptions, ModelPath, PairScorer, TrainableEmbedder
 
 
 class ModelKind(str, Enum):
@@ -79,6 +79,11 @@ def kind_of(model: object) -> ModelKind:
 def is_pair_scorer(model: object) -> TypeIs[PairScorer]:
     """Whether ``model`` declares itself a cross-encoder (:attr:`ModelKind.CROSS`): it scores pairs."""
     return kind_of(model) == ModelKind.CROSS
+
+
+def is_single_vector(model: object) -> TypeIs[TrainableEmbedder]:
+    """Whether ``model`` declares itself a dense or static embedder: one vector per text (``embed_ids``)."""
+    return kind_of(model) in (ModelKind.DENSE, ModelKind.STATIC)
 
 
 # sentence-transformers' ``config_sentence_transformers.json`` ``model_type`` -> kind

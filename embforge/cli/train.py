@@ -149,6 +149,12 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
         "after each step pull lr x L2SP of the way back to the starting weights, e.g. 1000 (default 0: off)",
     ),
     (
+        "--ewc",
+        "ewc",
+        float,
+        "after each step pull each weight lr x EWC x its Fisher importance of the way back, e.g. 1000 (default 0)",
+    ),
+    (
         "--wise-ft",
         "wise_ft",
         float,
@@ -174,7 +180,7 @@ _GROUP = {
     **dict.fromkeys(["--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-ratio"], "optimisation"),
     **dict.fromkeys(["--weight-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"),
     **dict.fromkeys(["--ema-decay", "--ema-start", "--soup-last", "--soup-every"], "optimisation"),
-    **dict.fromkeys(["--l2sp", "--wise-ft"], "optimisation"),
+    **dict.fromkeys(["--l2sp", "--ewc", "--wise-ft"], "optimisation"),
     **dict.fromkeys(["--mini-batch-size", "--amp", "--chunk-tokens", "--device"], "scale"),
     **dict.fromkeys(["--eval", "--eval-every", "--retrieval-eval-split"], "evaluation"),
     **dict.fromkeys(["--output", "--save-every"], "output"),

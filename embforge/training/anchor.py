@@ -1,6 +1,6 @@
 """An anchor to the weights a run starts from, so that fine-tuning keeps what the base model could do.
 
-Two ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.wise_ft``):
+Three ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.ewc``, ``TrainConfig.wise_ft``):
 
 - **L2-SP** (Li et al., 2018, "Explicit Inductive Bias for Transfer Learning with Convolutional Networks"),
   decoupled from the gradient as AdamW decouples weight decay: after every optimiser step,
@@ -13,6 +13,14 @@ Two ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.wise_ft``):
   step pushes it the same way), while drift the tasks do not ask for decays back. ``l2sp = 1000`` at ``lr = 5e-5``
   pulls 5 % of the distance back each step at the peak rate. One fused operation over every weight a step
   (``torch._foreach_lerp_``), whatever the model's size or the batch.
+- **EWC** (Kirkpatrick et al., 2017, "Overcoming catastrophic forgetting in neural networks"), decoupled the
+  same way: each weight is pulled back at its own rate, :math:`\\min(1, \\eta_t\\,\\lambda\\,F_k)`, with
+  :math:`F_k` the starting model's Fisher information for weight :math:`k` divided by its mean over every weight
+  (:mod:`embforge.training.fisher`: how fast moving it changes which texts the model finds alike, on a sample of
+  the run's own texts) and :math:`\\lambda` = ``ewc``. The weights that carry what the base does are held
+  near it; those it barely uses are free for the new tasks — where L2-SP holds all alike. The Fisher is
+  computed at set-up, before the first step, from the model the run is given (on a resume: the same base, the
+  same numbers — no dropout, seeded); three fused operations over every weight a step.
 - **WiSE-FT** (Wortsman et al., 2022, "Robust fine-tuning of zero-shot models"): after the last step (and after a
   weight average, :mod:`embforge.training.averaging`), the model becomes
   :math:`(1 - w)\\,\\theta_0 + w\\,\\theta` with :math:`w` = ``wise_ft`` — the linear merge of ``embforge merge``
@@ -38,15 +46,19 @@ Two ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.wise_ft``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from embforge.kinds import is_single_vector, kind_of
 from embforge.protocols import TrainableModel
+from embforge.training.fisher import fisher_diagonal, probe_texts
 
 if TYPE_CHECKING:
     from embforge.training.config import TrainConfig
+    from embforge.training.tasks import Task
 
 
 class Anchor:
@@ -55,21 +67,40 @@ class Anchor:
     Args:
         model: The model being trained (its parameters that require a gradient are anchored).
         l2sp: :math:`\\lambda` of the decoupled L2-SP pull after every step; 0 = none.
+        ewc: :math:`\\lambda` of the decoupled EWC pull after every step; 0 = none.
+        importance: With ``ewc``: each trained weight's Fisher information over its mean, in ``named_parameters``
+            order (:func:`embforge.training.fisher.fisher_diagonal`).
         wise_ft: Weight of the fine-tuned weights in the final model; ``None`` = no mix.
     """
 
-    def __init__(self, model: TrainableModel, *, l2sp: float = 0.0, wise_ft: float | None = None) -> None:
-        self.l2sp, self.wise_ft = l2sp, wise_ft
+    def __init__(
+        self,
+        model: TrainableModel,
+        *,
+        l2sp: float = 0.0,
+        wise_ft: float | None = None,
+        ewc: float = 0.0,
+        importance: Sequence[Tensor] = (),
+    ) -> None:
+        self.l2sp, self.wise_ft, self.ewc = l2sp, wise_ft, ewc
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in trained]
         self.weights: list[Tensor] = [p for _, p in trained]
         self.starts = [p.detach().clone() for p in self.weights]
+        self.importance = (
+            [f.to(w.device) for f, w in zip(importance, self.weights, strict=True)] if ewc else []
+        )
 
     @torch.no_grad()
     def pull(self, lr: float) -> None:
-        """After an optimiser step at learning rate ``lr``: move every weight ``lr * l2sp`` of the way back."""
+        """After an optimiser step at learning rate ``lr``: move every weight ``lr * l2sp`` of the way back, then
+        each weight ``lr * ewc * importance`` of the way back (at most all of it)."""
         if self.l2sp > 0:
             torch._foreach_lerp_(self.weights, self.starts, min(1.0, lr * self.l2sp))
+        if self.ewc > 0:
+            rates = torch._foreach_mul(self.importance, lr * self.ewc)
+            torch._foreach_clamp_max_(rates, 1.0)
+            torch._foreach_addcmul_(self.weights, torch._foreach_sub(self.starts, self.weights), rates)
 
     @torch.no_grad()
     def mix(self) -> None:
@@ -79,7 +110,7 @@ class Anchor:
 
     def describe(self) -> dict[str, object]:
         """The settings, for the log and the summary."""
-        return {"l2sp": self.l2sp, "wise_ft": self.wise_ft, "weights": len(self.weights)}
+        return {"l2sp": self.l2sp, "ewc": self.ewc, "wise_ft": self.wise_ft, "weights": len(self.weights)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"starts": {name: start.cpu() for name, start in zip(self.names, self.starts, strict=True)}}
@@ -95,17 +126,30 @@ class Anchor:
         ]
 
 
-def start_anchor(model: TrainableModel, config: TrainConfig) -> Anchor | None:
-    """The :class:`Anchor` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None``."""
-    if config.l2sp == 0 and config.wise_ft is None:
+def start_anchor(model: TrainableModel, tasks: Sequence[Task], config: TrainConfig) -> Anchor | None:
+    """The :class:`Anchor` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None`` (with
+    ``ewc``: the Fisher information of ``model`` on ``config.ewc_texts`` texts of ``tasks``, computed now)."""
+    if config.l2sp == 0 and config.ewc == 0 and config.wise_ft is None:
         return None
-    return Anchor(model, l2sp=config.l2sp, wise_ft=config.wise_ft)
+    importance: list[Tensor] = []
+    if config.ewc > 0:
+        if not is_single_vector(model):
+            raise ValueError(f"ewc needs a dense or static embedding model, not a {kind_of(model).value} one")
+        texts = probe_texts(tasks, config.ewc_texts, config.seed)
+        importance = fisher_diagonal(model, texts, seed=config.seed)
+    return Anchor(model, l2sp=config.l2sp, wise_ft=config.wise_ft, ewc=config.ewc, importance=importance)
 
 
 def check_anchor(config: TrainConfig) -> None:
     """Validate a config's ``l2sp`` / ``wise_ft`` fields."""
     if config.l2sp < 0:
         raise ValueError(f"l2sp must be >= 0 (0 = no pull toward the start), got {config.l2sp}")
+    if config.ewc < 0:
+        raise ValueError(f"ewc must be >= 0 (0 = no pull toward the start), got {config.ewc}")
+    if config.ewc_texts < 3:
+        raise ValueError(
+            f"ewc_texts must be >= 3 (texts the Fisher information is estimated on), got {config.ewc_texts}"
+        )
     if config.wise_ft is not None and not 0.0 <= config.wise_ft <= 1.0:
         raise ValueError(
             f"wise_ft must be in [0, 1] (1 = the fine-tuned weights alone), got {config.wise_ft}"

@@ -184,7 +184,7 @@ def set_up(model: Trainable, tasks: list[Task], config: TrainConfig) -> tuple[Tr
         world=world,
         main=is_main(),
         average=weight_average(config, total_steps),
-        anchor=start_anchor(model, config),  # the weights before the first step
+        anchor=start_anchor(model, tasks, config),  # the weights before the first step
         dynamic=dynamic,
     )
     return trainer, feed
