@@ -141,7 +141,7 @@ def start_anchor(model: TrainableModel, tasks: Sequence[Task], config: TrainConf
 
 
 def check_anchor(config: TrainConfig) -> None:
-    """Validate a config's ``l2sp`` / ``wise_ft`` fields."""
+    """Validate a config's ``l2sp`` / ``ewc`` / ``ewc_texts`` / ``wise_ft`` fields."""
     if config.l2sp < 0:
         raise ValueError(f"l2sp must be >= 0 (0 = no pull toward the start), got {config.l2sp}")
     if config.ewc < 0:

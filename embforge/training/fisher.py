@@ -73,9 +73,9 @@ def fisher_diagonal(
     was_training = model.training
     model.eval()  # the starting model's function: no dropout
     try:
-        for start in range(0, len(texts) - 2, batch_size):
+        for start in range(0, len(texts), batch_size):
             batch = list(texts[start : start + batch_size])
-            if len(batch) < 3:
+            if len(batch) < 3:  # a last batch of 1-2 texts has no neighbour to draw among
                 break
             loss = _sampled_neighbour_loss(model, batch, generator)
             grads = torch.autograd.grad(loss, weights, allow_unused=True)
@@ -84,7 +84,7 @@ def fisher_diagonal(
                     total.add_(grad.float().square())
     finally:
         model.train(was_training)
-    mean = torch.cat([t.flatten() for t in totals]).mean()
+    mean = sum(float(t.sum()) for t in totals) / sum(t.numel() for t in totals)
     if not mean > 0:
         raise ValueError("the Fisher information is zero on every weight: the texts do not move the model")
     return [t.div_(mean) for t in totals]

@@ -14,6 +14,7 @@ from tests.training.test_averaging import (  # noqa: F401 (trajectory: a fixture
     _run,
     _weights,
     cli_summary,
+    crash_after_checkpoint_2,
     trajectory,
 )
 
@@ -61,13 +62,7 @@ def test_an_l2sp_run_ends_nearer_the_start_than_the_plain_run(tmp_path, sts_csv,
 def test_resume_pulls_toward_the_run_start_not_the_checkpoint(tmp_path, sts_csv):
     options = {"l2sp": 100.0, "wise_ft": 0.5, "save_every": 2}
     full, _ = _run(tmp_path / "full", sts_csv, **options)
-
-    def crash(step: int) -> None:
-        if step == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path / "crash", sts_csv, on_step=crash, **options)
+    crash_after_checkpoint_2(tmp_path / "crash", sts_csv, **options)
     state = torch.load(tmp_path / "crash" / "checkpoints" / "checkpoint-2" / "trainer_state.pt")
     torch.testing.assert_close(state["anchor"]["starts"][WORDS], _start()[WORDS], rtol=0, atol=0)
     resumed, _ = _run(tmp_path / "crash", sts_csv, resume=True, **options)

@@ -38,6 +38,17 @@ def _run(out: Path, sts_csv: Path, *, on_step=None, resume: bool = False, **opti
     return model, summary
 
 
+def crash_after_checkpoint_2(out: Path, sts_csv: Path, **options) -> None:
+    """A run of ``options`` (``save_every=2``) killed at step 3, after its checkpoint-2 (a resume starts there)."""
+
+    def crash(step: int) -> None:
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(out, sts_csv, on_step=crash, **options)
+
+
 def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
 
@@ -97,13 +108,8 @@ def test_soup_equals_the_mean_of_the_last_k_checkpoint_steps(tmp_path, sts_csv, 
 
 def test_resume_restores_the_ema_state(tmp_path, sts_csv):
     full, _ = _run(tmp_path / "full", sts_csv, ema_decay=0.7, ema_start=1, save_every=2)
-
-    def crash(step: int) -> None:
-        if step == 3:  # after checkpoint-2: the resumed run must start from its EMA, not from the weights
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path / "crash", sts_csv, on_step=crash, ema_decay=0.7, ema_start=1, save_every=2)
+    # killed after checkpoint-2: the resumed run must start from its EMA, not from the weights
+    crash_after_checkpoint_2(tmp_path / "crash", sts_csv, ema_decay=0.7, ema_start=1, save_every=2)
     state = torch.load(tmp_path / "crash" / "checkpoints" / "checkpoint-2" / "trainer_state.pt")
     assert state["averaging"]["count"] == 2
     resumed, _ = _run(tmp_path / "crash", sts_csv, resume=True, ema_decay=0.7, ema_start=1, save_every=2)

@@ -12,7 +12,14 @@ from embforge.training.anchor import Anchor
 from embforge.training.config import TrainConfig
 from embforge.training.fisher import fisher_diagonal, probe_texts
 from embforge.training.tasks import Task
-from tests.training.test_averaging import _assert_equal, _model, _run, _weights, cli_summary
+from tests.training.test_averaging import (
+    _assert_equal,
+    _model,
+    _run,
+    _weights,
+    cli_summary,
+    crash_after_checkpoint_2,
+)
 
 WORDS = "backbone.embeddings.word_embeddings.weight"
 
@@ -105,13 +112,7 @@ def test_one_ewc_step_pulls_each_weight_back_at_its_own_capped_rate(tmp_path, st
 def test_resume_recomputes_the_same_fisher(tmp_path, sts_csv):
     options = {"ewc": 500.0, "save_every": 2}
     full, _ = _run(tmp_path / "full", sts_csv, **options)
-
-    def crash(step: int) -> None:
-        if step == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path / "crash", sts_csv, on_step=crash, **options)
+    crash_after_checkpoint_2(tmp_path / "crash", sts_csv, **options)
     resumed, _ = _run(tmp_path / "crash", sts_csv, resume=True, **options)
     _assert_equal(_weights(resumed), _weights(full), atol=1e-5)
 
