@@ -8,6 +8,7 @@ an example.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from embforge.losses.base import EmbeddingLoss
@@ -83,11 +84,13 @@ def get_loss(
         num_labels: Number of classes (needed by ``softmax`` and ``prototype``).
         matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.
         matryoshka_weights: Weights of the Matryoshka dimensions (default all 1).
-        **options: Keyword arguments of the loss class (e.g. ``temperature=0.02``, ``scale=20``).
+        **options: Keyword arguments of the loss class (e.g. ``temperature=0.02``, ``scale=20``), and for any
+            dense loss ``centroid``: the weight of :func:`embforge.losses.base.centroid_penalty` added to it.
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
     cls = LOSSES[name]
+    centroid = _centroid_weight(name, options.pop("centroid", 0.0))
     if cls is SoftmaxLoss or cls is PrototypeLoss:
         if dim is None or num_labels is None:
             raise ValueError(f"the {name} loss needs the embedding dim and the number of labels")
@@ -96,6 +99,16 @@ def get_loss(
         loss = cls(**options)
     except TypeError as err:
         raise ValueError(f"bad option for loss {name!r}: {err}") from None
+    loss.centroid = centroid
     if matryoshka_dims:
         loss = MatryoshkaLoss(loss, matryoshka_dims, matryoshka_weights)
     return loss
+
+
+def _centroid_weight(name: str, value: object) -> float:
+    """The ``centroid`` option as a weight ≥ 0; sparse vectors have no unit sphere to spread on."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"option 'centroid' of loss {name!r} must be a number >= 0, got {value!r}")
+    if value and LOSSES[name] is SpladeLoss:
+        raise ValueError("option 'centroid' applies to dense embeddings, not to the sparse 'splade' loss")
+    return float(value)
