@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from embforge.data.tables import read_table
 from embforge.encoder import Encoder
+from embforge.kinds import ModelKind
 from embforge.losses import CoSENTLoss, get_loss
 from embforge.losses.base import centroid_penalty, cosine_matrix
 from embforge.training.config import TrainConfig
 from embforge.training.loop import train
+from embforge.training.pipeline import load_pipeline
 from embforge.training.run import new_loss
 from embforge.training.tasks import Task
 
@@ -67,8 +71,6 @@ def test_option_rejects_what_is_not_a_weight(value):
 
 
 def test_option_is_refused_where_there_is_no_dense_embedding(sts_csv):
-    from embforge.kinds import ModelKind
-
     with pytest.raises(ValueError, match="not to the sparse 'splade' loss"):
         get_loss("splade", centroid=1.0)
     data = read_table(sts_csv)
@@ -109,10 +111,6 @@ def test_a_cosent_run_with_the_option_ends_less_contracted(tmp_path, tiny_model_
 
 
 def test_the_centroid_recipe_sets_it_on_its_cosent_tasks_only():
-    from pathlib import Path
-
-    from embforge.training.pipeline import load_pipeline
-
     recipe = Path(__file__).resolve().parents[2] / "benchmarks" / "general_centroid.toml"
     tasks = load_pipeline(recipe).stages[0].tasks
     weights = {t.name: get_loss(t.loss, dim=384, num_labels=77, **t.options).centroid for t in tasks}
