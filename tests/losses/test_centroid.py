@@ -110,9 +110,9 @@ def test_a_cosent_run_with_the_option_ends_less_contracted(tmp_path, tiny_model_
     assert mean_cosine(50.0) < mean_cosine(0.0) - 0.2  # a random BERT starts contracted (~0.9)
 
 
-def test_the_centroid_recipe_sets_it_on_its_cosent_tasks_only():
+def test_the_centroid_recipe_sets_it_on_its_tasks_without_in_batch_negatives_only():
     recipe = Path(__file__).resolve().parents[2] / "benchmarks" / "general_centroid.toml"
     tasks = load_pipeline(recipe).stages[0].tasks
     weights = {t.name: get_loss(t.loss, dim=384, num_labels=77, **t.options).centroid for t in tasks}
-    assert weights == {n: 20.0 if n in ("stsb", "mrpc") else 0.0 for n in weights}
-    assert {t.loss for t in tasks if weights[t.name]} == {"cosent"}
+    assert weights == {n: 20.0 if n in ("stsb", "mrpc", "wikiqa-lists") else 0.0 for n in weights}
+    assert {t.loss for t in tasks if weights[t.name]} == {"cosent", "kl_distill"}
