@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from embforge.encoder import Encoder
 
 
-def teacher_tag(teacher: Encoder) -> str:
+def teacher_tag(teacher: Encoder | CrossEncoder) -> str:
     """What identifies a teacher's outputs: its class, a hash of its weights, pooling and normalisation."""
     return f"{type(teacher).__name__}:{model_fingerprint(teacher)}"
 

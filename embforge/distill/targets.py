@@ -1,7 +1,13 @@
-"""Teacher targets of pipeline tasks that learn from a teacher: ``teacher = "FOLDER"`` with
-``loss = "mse_distill"`` or ``"similarity_distill"`` (dimension-free: no projection).
+"""Teacher targets of pipeline tasks that learn from a teacher (``teacher = "FOLDER"``).
 
-The teacher embeds the task's texts once (cached on disk by
+- ``loss = "mse_distill"`` or ``"similarity_distill"`` (dimension-free: no projection): the teacher's embeddings
+  of the task's texts are the labels (:func:`teacher_targets`).
+- ``loss = "kl_distill"`` or ``"margin_mse"``: the teacher's scores of each row's candidates are the labels
+  (:func:`teacher_scores`), as ``embforge score`` would write them; with ``lists = SIZE`` the task's
+  ``(query, candidate)`` rows are first grouped into candidate lists (:func:`embforge.distill.lists.candidate_lists`).
+  The scored rows are cached as a JSONL file in the teacher cache, keyed by the teacher's weights and the rows.
+
+For the embedding losses, the teacher embeds the task's texts once (cached on disk by
 :func:`embforge.distill.signals.with_teacher_embeddings`); those embeddings become the rows' labels. A student whose
 dimension differs from the teacher's gets a learned projection (:func:`embforge.distill.projection.add_projection`)
 before the stage's losses are built, started at the least-squares map from its pooled embeddings of the task's
@@ -10,28 +16,41 @@ texts to the teacher's (:func:`embforge.distill.projection.fit_projection`).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 
-from embforge.data.tables import Dataset
+from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
+from embforge.data.tables import Dataset, read_table
 from embforge.distill.projection import add_projection, fit_projection
-from embforge.distill.signals import with_teacher_embeddings
+from embforge.distill.signals import score_rows, teacher_tag, with_teacher_embeddings, write_scored
 from embforge.encoder import Encoder
 
-TEACHER_LOSSES = ("mse_distill", "similarity_distill")
+EMBEDDING_LOSSES = ("mse_distill", "similarity_distill")  # labels: the teacher's embeddings of the texts
+SCORE_LOSSES = ("kl_distill", "margin_mse")  # labels: the teacher's scores of each row's candidates
+TEACHER_LOSSES = EMBEDDING_LOSSES + SCORE_LOSSES
 PROJECTED_LOSSES = ("mse_distill",)  # compare embeddings coordinate by coordinate: the dimensions must agree
+LISTS_SEED = (
+    0  # the top-up draw of short candidate lists: embforge score's default, so both write the same rows
+)
 
 
-def check_teacher_task(loss: str, teacher: str | None, where: str) -> str | None:
-    """An error message when a task's ``teacher`` and ``loss`` do not go together, else ``None``."""
+def check_teacher_task(loss: str, teacher: str | None, lists: int | None, where: str) -> str | None:
+    """An error message when a task's ``teacher``, ``lists`` and ``loss`` do not go together, else ``None``."""
     if teacher is not None and loss not in TEACHER_LOSSES:
         return (
-            f"{where}: field 'teacher' gives embedding targets, which only losses {' / '.join(TEACHER_LOSSES)} read "
-            f"(got loss {loss!r}); use embforge score for margin_mse / kl_distill"
+            f"{where}: field 'teacher' gives the labels, which only losses {' / '.join(TEACHER_LOSSES)} read "
+            f"(got loss {loss!r})"
         )
-    if teacher is None and loss in TEACHER_LOSSES:
+    if teacher is None and loss in EMBEDDING_LOSSES:
         return f'{where}: loss {loss!r} needs the teacher\'s embeddings: add teacher = "FOLDER"'
+    if lists is not None and (teacher is None or loss not in SCORE_LOSSES):
+        return (
+            f"{where}: field 'lists' builds candidate lists for a teacher to score: it needs teacher = \"FOLDER\" "
+            f"and loss {' / '.join(SCORE_LOSSES)} (got loss {loss!r}"
+            f"{', no teacher' if teacher is None else ''})"
+        )
     return None
 
 
@@ -43,9 +62,11 @@ def text_only(data: Dataset) -> Dataset:
 
 
 def placeholder_targets(data: Dataset) -> Dataset:
-    """Text columns plus a zero ``score`` column: what validation checks before the teacher has run."""
+    """Text columns plus a zero ``score`` column (a list of zeros per row of 3+ text columns, one per candidate):
+    what validation checks before the teacher has run."""
     rows = text_only(data)
-    rows.columns["score"] = [0.0] * len(rows)
+    candidates = len(rows.text_columns) - 1
+    rows.columns["score"] = [0.0 if candidates == 1 else [0.0] * candidates for _ in range(len(rows))]
     return rows
 
 
@@ -53,6 +74,15 @@ def resolve_teacher(name: str, base_dir: Path) -> str:
     """The teacher folder: relative to the pipeline file when it exists there, else as written (cwd or alias)."""
     candidate = Path(name) if Path(name).is_absolute() else base_dir / name
     return str(candidate) if candidate.exists() else name
+
+
+def load_teacher(name: str, device: str, loaded: dict[str, Encoder | CrossEncoder]) -> Encoder | CrossEncoder:
+    """The teacher folder / alias ``name`` on ``device``, loaded once per ``loaded`` dict (a cross-encoder when
+    its folder says so)."""
+    if name not in loaded:
+        kind = CrossEncoder if is_cross_encoder_folder(name) else Encoder
+        loaded[name] = kind.load(name, device=device)
+    return loaded[name]
 
 
 def teacher_targets(
@@ -63,7 +93,7 @@ def teacher_targets(
     cache_dir: str | Path,
     seed: int = 42,
     show_progress: bool = True,
-    loaded: dict[str, Encoder] | None = None,
+    loaded: dict[str, Encoder | CrossEncoder] | None = None,
     project: bool = True,
 ) -> Dataset:
     """``data``'s text columns with the teacher's embeddings as labels; the model gets a projection if needed
@@ -77,10 +107,10 @@ def teacher_targets(
         ValueError: When the model already projects to a dimension other than the teacher's.
     """
     if isinstance(teacher, (str, Path)):
-        loaded = {} if loaded is None else loaded
-        if str(teacher) not in loaded:
-            loaded[str(teacher)] = Encoder.load(teacher, device=str(model.device))
-        teacher = loaded[str(teacher)]
+        found = load_teacher(str(teacher), str(model.device), {} if loaded is None else loaded)
+        if not isinstance(found, Encoder):
+            raise ValueError(f"{teacher} is a cross-encoder: it scores pairs, it has no embeddings to distil")
+        teacher = found
     projected = project and int(model.dim) != int(teacher.dim)
     if projected:
         if model.dense is not None:
@@ -96,3 +126,32 @@ def teacher_targets(
         labels = np.asarray(targeted.columns["score"])  # (rows, dim) or (rows, columns, dim)
         fit_projection(model, column, labels if labels.ndim == 2 else labels[:, 0], seed=seed)
     return targeted
+
+
+def teacher_scores(
+    data: Dataset,
+    teacher: Encoder | CrossEncoder,
+    *,
+    cache_dir: str | Path,
+    show_progress: bool = True,
+    write: bool = True,
+) -> Dataset:
+    """``data``'s text columns with the teacher's scores as labels (``[T(q, c) for c in candidates]`` per row of
+    3+ text columns), read from ``cache_dir`` when this teacher already scored these rows.
+
+    The scored rows are the file ``embforge score`` writes (same scorer, batch size and writer), kept in
+    ``cache_dir/scores-<key>.jsonl`` and read back, so a pipeline task and a file scored beforehand train on the
+    same values. ``write=False`` (a torchrun process other than rank 0) only reads what rank 0 wrote.
+    """
+    rows = text_only(data)
+    digest = hashlib.sha256(teacher_tag(teacher).encode())
+    for column in rows.text_columns:
+        digest.update(column.encode() + b"\1")
+        for text in rows.columns[column]:
+            digest.update(text.encode() + b"\0")
+    path = Path(cache_dir) / f"scores-{digest.hexdigest()[:20]}.jsonl"
+    if write and not path.exists():
+        scores = score_rows(teacher, rows, show_progress=show_progress)
+        partial = write_scored(rows, scores, path.with_suffix(".tmp.jsonl"))
+        partial.replace(path)
+    return read_table(path)

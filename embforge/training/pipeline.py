@@ -31,7 +31,17 @@ A task with ``teacher = "FOLDER"`` and ``loss = "mse_distill"`` regresses the te
 (``loss = "similarity_distill"``: matches the teacher's in-batch similarities instead, with no projection),
 computed when the stage starts and cached in the top-level ``teacher_cache`` folder (default
 ``<output>/teacher-cache``); a model of another dimension first gets a trained projection to the teacher's one
-(:mod:`embforge.distill.targets`)."""
+(:mod:`embforge.distill.targets`). With ``loss = "kl_distill"`` or ``"margin_mse"`` the teacher scores each row's
+candidates instead (the rows ``embforge score`` would write, cached there too); ``lists = SIZE`` first groups a
+reranking set's ``(query, candidate)`` rows into lists of ``SIZE`` candidates (``embforge score --lists SIZE``)::
+
+      [[stages.tasks]]
+      name = "wikiqa-lists"
+      data = "wikiqa:train"
+      lists = 8
+      teacher = "models/all-mpnet-base-v2"
+      loss = "kl_distill"
+"""
 
 from __future__ import annotations
 
@@ -46,6 +56,7 @@ from embforge.data.builtin import DATASETS, load_builtin
 from embforge.data.retrieval import training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.distill import targets
+from embforge.distill.lists import candidate_lists
 from embforge.kinds import ModelKind, kind_of
 from embforge.losses.base import BaseLoss
 from embforge.training.artifacts import link_identical
@@ -128,11 +139,16 @@ def _check_matryoshka(stage: Stage, dim: int | None, where: str) -> None:
 
 def _task_data(spec: TaskSpec, pipeline: Pipeline, where: str) -> tuple[Any, Dataset]:
     """A task's source (a RetrievalData for a built-in retrieval set) and its training rows (``limit`` kept)."""
-    problem = targets.check_teacher_task(spec.loss, spec.teacher, where)
+    problem = targets.check_teacher_task(spec.loss, spec.teacher, spec.lists, where)
     if problem:
         raise PipelineError(problem)
     source = _load_source(spec, pipeline, where)
     data = _as_training_rows(source)
+    if spec.lists is not None:
+        try:
+            data = candidate_lists(data, size=spec.lists, seed=targets.LISTS_SEED)
+        except (TypeError, ValueError) as err:
+            raise PipelineError(f"{where}: field 'lists' = {spec.lists!r}: {err}") from None
     if spec.limit is not None:
         data = data.subset(list(range(min(spec.limit, len(data)))))
     return source, data
@@ -176,11 +192,16 @@ def check_stage(
     for spec in stage.tasks:
         where = f"{where_stage}, task {spec.name!r}"
         _, data = _task_data(spec, pipeline, where)
-        if spec.teacher is not None:  # the teacher's embeddings will be the labels
+        if spec.teacher is not None:  # the teacher's embeddings or scores will be the labels
             data = targets.placeholder_targets(data)
         loss = _stage_loss(spec, stage, data, where, functools.partial(new_loss, kind=kind, dim=dim))
         if spec.mine is not None:  # the rows mining reads
             _mining_config(spec, where)
+            if spec.loss in targets.SCORE_LOSSES and spec.teacher is not None:
+                raise PipelineError(
+                    f"{where}: field 'mine': the teacher scores the task's rows before negatives are mined; mine "
+                    "them in a file first ('embforge mine') and give the teacher that file"
+                )
             if kind == ModelKind.CROSS:
                 raise PipelineError(
                     f"{where}: field 'mine': negatives are mined with an embedding model, and a cross-encoder "
@@ -218,10 +239,17 @@ def build_stage_tasks(
 def _with_teacher(
     spec: TaskSpec, data: Dataset, stage: Stage, pipeline: Pipeline, model: Any, where: str, loaded: dict
 ) -> Dataset:
-    """The task's texts with the teacher's embeddings as labels (cached), projecting the model if needed."""
+    """The task's texts with the teacher's scores or embeddings as labels (cached), projecting the model if
+    needed."""
     cache = pipeline.teacher_cache or str(Path(pipeline.output) / "teacher-cache")
     try:
         teacher = targets.resolve_teacher(str(spec.teacher), pipeline.base_dir)
+        if spec.loss in targets.SCORE_LOSSES:
+            scorer = targets.load_teacher(teacher, str(model.device), loaded)
+            if is_main():  # torchrun: rank 0 scores, every process reads the file it wrote
+                targets.teacher_scores(data, scorer, cache_dir=cache, show_progress=not stage.config.quiet)
+            barrier()
+            return targets.teacher_scores(data, scorer, cache_dir=cache, write=False)
         return targets.teacher_targets(
             data,
             teacher,

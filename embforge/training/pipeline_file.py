@@ -19,7 +19,7 @@ class PipelineError(ValueError):
     """A problem in a pipeline file; the message names the file, stage, task and field."""
 
 
-_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit", "teacher"}
+_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit", "teacher", "lists"}
 _TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages", "teacher_cache"}
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"output", "resume", "max_steps"}
 _STAGE_KEYS = {"name", "tasks", "steps", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
@@ -38,6 +38,7 @@ class TaskSpec:
     mine: dict[str, Any] | None = None
     limit: int | None = None
     teacher: str | None = None
+    lists: int | None = None  # group (query, candidate) rows into lists of this size for the teacher to score
 
 
 @dataclass

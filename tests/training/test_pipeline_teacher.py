@@ -1,4 +1,5 @@
-"""Pipelines: a distillation task (``teacher`` + ``mse_distill``) and the ``--seed`` override of every stage."""
+"""Pipelines: distillation tasks (``teacher`` + ``mse_distill``; ``teacher`` + ``lists`` + ``kl_distill``) and the
+``--seed`` override of every stage."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from embforge.cli import main
 from embforge.data.builtin import DATASETS
+from embforge.distill import targets
 from embforge.distill.projection import add_projection, fit_projection
 from embforge.encoder import Encoder
 from embforge.retrieval.corpus_cache import load_encoded
@@ -116,7 +118,7 @@ def test_a_run_killed_after_the_distillation_stage_resumes_with_the_projection(t
 @pytest.mark.parametrize(
     ("loss", "with_teacher", "expected"),
     [
-        ("cosent", True, r"task 'sts-distill': field 'teacher' gives embedding targets, which only loss"),
+        ("cosent", True, r"task 'sts-distill': field 'teacher' gives the labels, which only losses"),
         ("mse_distill", False, r"task 'sts-distill': loss 'mse_distill' needs the teacher's embeddings"),
     ],
 )
@@ -126,6 +128,87 @@ def test_teacher_and_loss_must_go_together(tmp_path, tiny_model_dir, loss, with_
     with pytest.raises(PipelineError, match=expected):
         run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+RERANK = [  # (question, candidate) rows as WikiQA's: q1 has 5 candidates, q2 1, q3 2
+    ("what is a cat", "a cat is an animal"), ("what is a cat", "the cat sat"), ("who plays guitar", "a man"),
+    ("what is a cat", "cats eat food"), ("what is a cat", "a dog runs"), ("where is the park", "in the city"),
+    ("what is a cat", "the park is green"), ("where is the park", "a woman eats"),
+]  # fmt: skip
+
+
+def _lists_pipeline(tmp_path: Path, model_dir: Path, teacher: Path, *, fields: str) -> Path:
+    """One stage of 4 steps: a kl_distill task on rerank.tsv (question, candidate, label) with ``fields``."""
+    (tmp_path / "rerank.tsv").write_text("".join(f"{q}\t{c}\t1\n" for q, c in RERANK))
+    head = pipeline_head(
+        model_dir, save_every=0, extra=f"teacher_cache = {json.dumps(str(tmp_path / 'cache'))}"
+    )
+    path = tmp_path / "lists.toml"
+    path.write_text(f"""{head}
+[[stages]]
+name = "lists"
+lr = 1e-3
+steps = 4
+  [[stages.tasks]]
+  name = "rerank-lists"
+  data = "rerank.tsv"
+  columns = "0=sentence1,1=sentence2,2=label"
+  loss = "kl_distill"
+  options = {{ similarity = "cosine", temperature = 0.05 }}
+  teacher = {json.dumps(str(teacher))}
+  {fields}
+""")
+    return path
+
+
+def test_a_lists_task_trains_on_the_file_embforge_score_writes(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    teacher = make_teacher_dir(tmp_path)
+    path = _lists_pipeline(tmp_path, tiny_model_dir, teacher, fields="lists = 3")
+    result = run_pipeline(load_pipeline(path), output=str(tmp_path / "run"))
+    assert [s["steps"] for s in result["stages"]] == [4]
+    scored = list((tmp_path / "cache").glob("scores-*.jsonl"))
+    assert len(scored) == 1 and not list((tmp_path / "cache").glob("*.tmp*"))
+    # the same rows and scores, byte for byte, as scoring the file beforehand (the recipe's measured path)
+    argv = ["score", "--teacher", str(teacher), "--data", str(tmp_path / "rerank.tsv"), "--no-header"]
+    argv += ["--columns", "0=sentence1,1=sentence2", "--lists", "3", "--output", str(tmp_path / "cli.jsonl")]
+    assert main([*argv, "--quiet"]) == 0
+    capsys.readouterr()
+    assert scored[0].read_bytes() == (tmp_path / "cli.jsonl").read_bytes()
+
+    # a second run (another seed) reads the cached scores: the teacher does not score again
+    def no_scoring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the teacher scored the rows again")
+
+    monkeypatch.setattr(targets, "score_rows", no_scoring)
+    again = run_pipeline(load_pipeline(path), output=str(tmp_path / "again"), seed=5)
+    assert [s["steps"] for s in again["stages"]] == [4]
+
+
+@pytest.mark.parametrize(
+    ("loss", "fields", "expected"),
+    [
+        (
+            "kl_distill",
+            "lists = 1",
+            r"task 'rerank-lists': field 'lists' = 1: a candidate list needs at least 2",
+        ),
+        ("mse_distill", "lists = 3", r"field 'lists' builds candidate lists for a teacher to score"),
+        ("kl_distill", 'mine = { method = "bm25", num_negatives = 1 }', r"field 'mine': the teacher scores"),
+    ],
+)
+def test_lists_and_teacher_scores_errors_name_the_field(tmp_path, tiny_model_dir, loss, fields, expected):
+    path = _lists_pipeline(tmp_path, tiny_model_dir, make_teacher_dir(tmp_path), fields=fields)
+    path.write_text(path.read_text().replace('loss = "kl_distill"', f'loss = "{loss}"'))
+    with pytest.raises(PipelineError, match=expected):
+        run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_lists_without_a_teacher_is_an_error(tmp_path, tiny_model_dir):
+    path = _lists_pipeline(tmp_path, tiny_model_dir, tmp_path, fields="lists = 3")
+    path.write_text("\n".join(line for line in path.read_text().splitlines() if "teacher =" not in line))
+    with pytest.raises(PipelineError, match=r"field 'lists' builds candidate lists.*no teacher"):
+        run_pipeline(load_pipeline(path), output=str(tmp_path / "out"))
 
 
 def test_a_missing_teacher_is_named(tmp_path, tiny_model_dir):
