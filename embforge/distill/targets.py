@@ -17,6 +17,7 @@ texts to the teacher's (:func:`embforge.distill.projection.fit_projection`).
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,6 @@ def teacher_scores(
     path = Path(cache_dir) / f"scores-{digest.hexdigest()[:20]}.jsonl"
     if write and not path.exists():
         scores = score_rows(teacher, rows, show_progress=show_progress)
-        partial = write_scored(rows, scores, path.with_suffix(".tmp.jsonl"))
+        partial = write_scored(rows, scores, path.with_suffix(f".{os.getpid()}.tmp.jsonl"))  # one per writer
         partial.replace(path)
     return read_table(path)
