@@ -3,7 +3,7 @@
 - ``loss = "mse_distill"`` or ``"similarity_distill"`` (dimension-free: no projection): the teacher's embeddings
   of the task's texts are the labels (:func:`teacher_targets`).
 - ``loss = "kl_distill"`` or ``"margin_mse"``: the teacher's scores of each row's candidates are the labels
-  (:func:`teacher_scores`), as ``embforge score`` would write them; with ``lists = SIZE`` the task's
+  (:func:`scored_file`), as ``embforge score`` would write them; with ``lists = SIZE`` the task's
   ``(query, candidate)`` rows are first grouped into candidate lists (:func:`embforge.distill.lists.candidate_lists`).
   The scored rows are cached as a JSONL file in the teacher cache, keyed by the teacher's weights and the rows.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
-from embforge.data.tables import Dataset, read_table
+from embforge.data.tables import Dataset
 from embforge.distill.projection import add_projection, fit_projection
 from embforge.distill.signals import score_rows, teacher_tag, with_teacher_embeddings, write_scored
 from embforge.encoder import Encoder
@@ -32,9 +32,8 @@ EMBEDDING_LOSSES = ("mse_distill", "similarity_distill")  # labels: the teacher'
 SCORE_LOSSES = ("kl_distill", "margin_mse")  # labels: the teacher's scores of each row's candidates
 TEACHER_LOSSES = EMBEDDING_LOSSES + SCORE_LOSSES
 PROJECTED_LOSSES = ("mse_distill",)  # compare embeddings coordinate by coordinate: the dimensions must agree
-LISTS_SEED = (
-    0  # the top-up draw of short candidate lists: embforge score's default, so both write the same rows
-)
+# the top-up draw of short candidate lists: embforge score's default, so both write the same rows
+LISTS_SEED = 0
 
 
 def check_teacher_task(loss: str, teacher: str | None, lists: int | None, where: str) -> str | None:
@@ -129,20 +128,21 @@ def teacher_targets(
     return targeted
 
 
-def teacher_scores(
+def scored_file(
     data: Dataset,
     teacher: Encoder | CrossEncoder,
     *,
     cache_dir: str | Path,
     show_progress: bool = True,
     write: bool = True,
-) -> Dataset:
-    """``data``'s text columns with the teacher's scores as labels (``[T(q, c) for c in candidates]`` per row of
-    3+ text columns), read from ``cache_dir`` when this teacher already scored these rows.
+) -> Path:
+    """The JSONL of ``data``'s text columns with the teacher's scores (``[T(q, c) for c in candidates]`` per row
+    of 3+ text columns): ``cache_dir/scores-<key>.jsonl``, keyed by the teacher's weights and the rows, written
+    when this teacher has not scored these rows yet (read it with :func:`~embforge.data.tables.read_table`).
 
-    The scored rows are the file ``embforge score`` writes (same scorer, batch size and writer), kept in
-    ``cache_dir/scores-<key>.jsonl`` and read back, so a pipeline task and a file scored beforehand train on the
-    same values. ``write=False`` (a torchrun process other than rank 0) only reads what rank 0 wrote.
+    It is the file ``embforge score`` writes (same scorer, batch size and writer), so a pipeline task and a file
+    scored beforehand train on the same values. ``write=False`` (a torchrun process other than rank 0) only names
+    the file rank 0 writes.
     """
     rows = text_only(data)
     digest = hashlib.sha256(teacher_tag(teacher).encode())
@@ -155,4 +155,4 @@ def teacher_scores(
         scores = score_rows(teacher, rows, show_progress=show_progress)
         partial = write_scored(rows, scores, path.with_suffix(f".{os.getpid()}.tmp.jsonl"))  # one per writer
         partial.replace(path)
-    return read_table(path)
+    return path

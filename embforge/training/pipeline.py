@@ -246,10 +246,12 @@ def _with_teacher(
         teacher = targets.resolve_teacher(str(spec.teacher), pipeline.base_dir)
         if spec.loss in targets.SCORE_LOSSES:
             scorer = targets.load_teacher(teacher, str(model.device), loaded)
-            if is_main():  # torchrun: rank 0 scores, every process reads the file it wrote
-                targets.teacher_scores(data, scorer, cache_dir=cache, show_progress=not stage.config.quiet)
+            # torchrun: rank 0 scores, every process reads the file it wrote
+            path = targets.scored_file(
+                data, scorer, cache_dir=cache, show_progress=not stage.config.quiet, write=is_main()
+            )
             barrier()
-            return targets.teacher_scores(data, scorer, cache_dir=cache, write=False)
+            return read_table(path)
         return targets.teacher_targets(
             data,
             teacher,
