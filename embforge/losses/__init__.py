@@ -85,12 +85,14 @@ def get_loss(
         matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.
         matryoshka_weights: Weights of the Matryoshka dimensions (default all 1).
         **options: Keyword arguments of the loss class (e.g. ``temperature=0.02``, ``scale=20``), and for any
-            dense loss ``centroid``: the weight of :func:`embforge.losses.base.centroid_penalty` added to it.
+            dense loss ``centroid``: the weight of :func:`embforge.losses.base.centroid_penalty` added to it, and
+            ``centroid_columns``: the leading text columns it covers (default all).
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
     cls = LOSSES[name]
     centroid = _centroid_weight(name, options.pop("centroid", 0.0))
+    centroid_columns = _centroid_columns(name, options.pop("centroid_columns", None), centroid)
     if cls is SoftmaxLoss or cls is PrototypeLoss:
         if dim is None or num_labels is None:
             raise ValueError(f"the {name} loss needs the embedding dim and the number of labels")
@@ -99,7 +101,7 @@ def get_loss(
         loss = cls(**options)
     except TypeError as err:
         raise ValueError(f"bad option for loss {name!r}: {err}") from None
-    loss.centroid = centroid
+    loss.centroid, loss.centroid_columns = centroid, centroid_columns
     if matryoshka_dims:
         loss = MatryoshkaLoss(loss, matryoshka_dims, matryoshka_weights)
     return loss
@@ -112,3 +114,16 @@ def _centroid_weight(name: str, value: object) -> float:
     if value and LOSSES[name] is SpladeLoss:
         raise ValueError("option 'centroid' applies to dense embeddings, not to the sparse 'splade' loss")
     return float(value)
+
+
+def _centroid_columns(name: str, value: object, centroid: float) -> int | None:
+    """The ``centroid_columns`` option: a count ≥ 1 of leading text columns, only beside a ``centroid`` weight."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"option 'centroid_columns' of loss {name!r} must be an integer >= 1, got {value!r}")
+    if not centroid:
+        raise ValueError(
+            f"option 'centroid_columns' of loss {name!r} needs a 'centroid' weight > 0 beside it"
+        )
+    return value

@@ -58,6 +58,9 @@ class EmbeddingLoss(BaseLoss):
 
     centroid = 0.0
     """Weight of :func:`centroid_penalty` added to the loss (``options = { centroid = 20.0 }``; 0: none)."""
+    centroid_columns: int | None = None
+    """How many leading text columns the penalty spreads (``centroid_columns = 1``: the queries of a query →
+    candidates task only); ``None``: every column."""
 
     def start_from(self, model: Embedder, data: Dataset) -> None:
         """Set data-dependent starting values before training (called once per task with the model to train)."""
@@ -72,7 +75,7 @@ class EmbeddingLoss(BaseLoss):
             labels = labels.to(embeddings[0].device)
         loss = super().__call__(embeddings, labels)
         if self.centroid:
-            loss = loss + self.centroid * centroid_penalty(embeddings)
+            loss = loss + self.centroid * centroid_penalty(embeddings[: self.centroid_columns])
         return loss
 
 

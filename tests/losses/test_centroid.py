@@ -64,6 +64,41 @@ def test_option_gradient_moves_texts_away_from_their_centroid(emb):
     assert centroid_penalty(stepped) < centroid_penalty(emb)
 
 
+def test_centroid_columns_spreads_the_leading_columns_only(emb):
+    scores = torch.tensor([[0.9, 0.1, 0.3]] * 6)  # a query -> 3 candidates list per row
+    lists = [emb[0], emb[1], emb[1].flip(0), -emb[0]]
+    plain = get_loss("kl_distill", similarity="cosine", temperature=0.05)
+    queries_only = get_loss(
+        "kl_distill", similarity="cosine", temperature=0.05, centroid=4.0, centroid_columns=1
+    )
+    assert queries_only.centroid_columns == 1 and get_loss("cosent", centroid=1.0).centroid_columns is None
+    expected = plain(lists, scores) + 4.0 * centroid_penalty(lists[:1])
+    assert queries_only(lists, scores).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert centroid_penalty(lists[:1]).item() != pytest.approx(centroid_penalty(lists).item(), rel=0.1)
+    grads = {}
+    for name, loss in (("plain", plain), ("queries_only", queries_only)):
+        moved = [e.clone().requires_grad_(True) for e in lists]
+        loss(moved, scores).backward()
+        grads[name] = [e.grad for e in moved]
+    for plain_grad, grad in zip(grads["plain"][1:], grads["queries_only"][1:], strict=True):
+        torch.testing.assert_close(grad, plain_grad)  # the candidates feel nothing of the penalty
+    assert not torch.allclose(grads["queries_only"][0], grads["plain"][0])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"centroid": 1.0, "centroid_columns": 0}, "must be an integer >= 1, got 0"),
+        ({"centroid": 1.0, "centroid_columns": 1.5}, "must be an integer >= 1, got 1.5"),
+        ({"centroid": 1.0, "centroid_columns": True}, "must be an integer >= 1, got True"),
+        ({"centroid_columns": 1}, "needs a 'centroid' weight > 0 beside it"),
+    ],
+)
+def test_centroid_columns_rejects_what_is_not_a_column_count(options, message):
+    with pytest.raises(ValueError, match=message):
+        get_loss("cosent", **options)
+
+
 @pytest.mark.parametrize("value", [-1.0, float("nan"), True, "20"])
 def test_option_rejects_what_is_not_a_weight(value):
     with pytest.raises(ValueError, match="option 'centroid' of loss 'cosent' must be a number >= 0"):
