@@ -148,6 +148,11 @@ def test_a_cosent_run_with_the_option_ends_less_contracted(tmp_path, tiny_model_
 def test_the_centroid_recipe_sets_it_on_its_tasks_without_in_batch_negatives_only():
     recipe = Path(__file__).resolve().parents[2] / "benchmarks" / "general_centroid.toml"
     tasks = load_pipeline(recipe).stages[0].tasks
-    weights = {t.name: get_loss(t.loss, dim=384, num_labels=77, **t.options).centroid for t in tasks}
-    assert weights == {n: 20.0 if n in ("stsb", "mrpc", "wikiqa-lists") else 0.0 for n in weights}
+    losses = {t.name: get_loss(t.loss, dim=384, num_labels=77, **t.options) for t in tasks}
+    weights = {name: loss.centroid for name, loss in losses.items()}
+    assert weights == {"stsb": 20.0, "mrpc": 20.0, "wikiqa-lists": 10.0} | {
+        n: 0.0 for n in weights if n not in ("stsb", "mrpc", "wikiqa-lists")
+    }
     assert {t.loss for t in tasks if weights[t.name]} == {"cosent", "kl_distill"}
+    assert losses["wikiqa-lists"].centroid_columns == 1  # the questions only
+    assert losses["stsb"].centroid_columns is None
