@@ -41,6 +41,7 @@ with the figures); ``--set KEY=VALUE`` adds a ``[defaults]`` field (``ema_decay=
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import statistics
@@ -288,12 +289,32 @@ def evaluate_row(
             scores = {"scifact": m["ndcg@10"], "scifact_docs": m["documents"]}
         else:
             scores = families[family](encoder)
-        record.update(scores)
-        record["seconds"][family] = time.perf_counter() - started
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        record = _save_scores(path, record, scores, {family: time.perf_counter() - started})
         print(json.dumps({"row": name, "split": split, family: scores}), flush=True)
     return record
+
+
+def _save_scores(
+    path: Path, record: dict[str, Any], scores: dict[str, Any], seconds: dict[str, float]
+) -> dict[str, Any]:
+    """Add one family's scores to the row's JSON file and return the row as saved.
+
+    Two runs may score one row at once (two left-out runs both score the base): under a lock the file is read
+    again and the new scores merged into what is there, so neither run drops the other's families."""
+    from embforge.files import write_text_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        merged = {
+            **saved,
+            **record,
+            **scores,
+            "seconds": {**saved.get("seconds", {}), **record["seconds"], **seconds},
+        }
+        write_text_atomic(path, json.dumps(merged, indent=2) + "\n")
+    return merged
 
 
 def _cell(values: list[float], best: bool) -> str:

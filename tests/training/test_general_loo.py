@@ -109,10 +109,7 @@ def test_the_mpnet_recipe_validates_and_trains_what_the_minilm_recipe_trains():
     ]
 
 
-def test_the_seed_soup_row_merges_the_recipes_seeds_with_equal_weights(tmp_path):
-    from embforge.encoder import Encoder
-    from tests.conftest import make_bert, make_tokenizer
-
+def _general_table():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         _loo()
@@ -124,6 +121,37 @@ def test_the_seed_soup_row_merges_the_recipes_seeds_with_equal_weights(tmp_path)
         spec.loader.exec_module(table)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return table
+
+
+def test_two_runs_scoring_one_row_at_once_keep_each_others_families(tmp_path, monkeypatch):
+    """Two left-out runs score the base row at the same time: the second's families land while the first is
+    still scoring; the row's file keeps both (the file is read again and updated under a lock)."""
+    from embforge.encoder import Encoder
+    from tests.conftest import make_bert, make_tokenizer
+
+    table = _general_table()
+    tokenizer = make_tokenizer()
+    Encoder(make_bert(len(tokenizer)), tokenizer, pooling="mean", max_seq_length=32).save(tmp_path / "m")
+
+    def sts(model):  # meanwhile another run scores the same row's banking column
+        table.evaluate_row("base", None, tmp_path, model=str(tmp_path / "m"), families=("banking",))
+        return {"sts": 80.0}
+
+    monkeypatch.setattr(
+        table, "_families", lambda split: {"sts": sts, "banking": lambda m: {"banking": 90.0}}
+    )
+    record = table.evaluate_row("base", None, tmp_path, model=str(tmp_path / "m"), families=("sts",))
+    saved = json.loads((tmp_path / "results" / "test" / "base.json").read_text())
+    assert saved["sts"] == 80.0 and saved["banking"] == 90.0
+    assert set(saved["seconds"]) == {"sts", "banking"} and record["banking"] == 90.0
+
+
+def test_the_seed_soup_row_merges_the_recipes_seeds_with_equal_weights(tmp_path):
+    from embforge.encoder import Encoder
+    from tests.conftest import make_bert, make_tokenizer
+
+    table = _general_table()
     tokenizer = make_tokenizer()
     for seed in (42, 43):  # stand-ins for two finished seeds of the recipe
         model = Encoder(make_bert(len(tokenizer), seed=seed), tokenizer, pooling="mean", max_seq_length=64)
