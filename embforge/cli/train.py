@@ -160,6 +160,13 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
         float,
         "final model = (1 - W) x starting + W x fine-tuned weights, e.g. 0.5 (default off)",
     ),
+    (
+        "--lines",
+        "lines",
+        float,
+        "final model: each weight keeps (A + (1 - A) x its depth) of its change (LiNeS; embeddings A, last layer "
+        "all), e.g. 0.5 (default off)",
+    ),
 ]
 
 
@@ -180,7 +187,7 @@ _GROUP = {
     **dict.fromkeys(["--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-ratio"], "optimisation"),
     **dict.fromkeys(["--weight-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"),
     **dict.fromkeys(["--ema-decay", "--ema-start", "--soup-last", "--soup-every"], "optimisation"),
-    **dict.fromkeys(["--l2sp", "--ewc", "--wise-ft"], "optimisation"),
+    **dict.fromkeys(["--l2sp", "--ewc", "--wise-ft", "--lines"], "optimisation"),
     **dict.fromkeys(["--mini-batch-size", "--amp", "--chunk-tokens", "--device"], "scale"),
     **dict.fromkeys(["--eval", "--eval-every", "--retrieval-eval-split"], "evaluation"),
     **dict.fromkeys(["--output", "--save-every"], "output"),

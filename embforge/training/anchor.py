@@ -1,6 +1,7 @@
 """An anchor to the weights a run starts from, so that fine-tuning keeps what the base model could do.
 
-Three ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.ewc``, ``TrainConfig.wise_ft``):
+Four ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.ewc``, ``TrainConfig.wise_ft``,
+``TrainConfig.lines``):
 
 - **L2-SP** (Li et al., 2018, "Explicit Inductive Bias for Transfer Learning with Convolutional Networks"),
   decoupled from the gradient as AdamW decouples weight decay: after every optimiser step,
@@ -26,6 +27,13 @@ Three ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.ewc``, ``Trai
   :math:`(1 - w)\\,\\theta_0 + w\\,\\theta` with :math:`w` = ``wise_ft`` — the linear merge of ``embforge merge``
   with the base, done by the run itself, so the final evaluation, the last checkpoint and the saved model are the
   mixed ones.
+- **LiNeS** (Wang et al., 2025, "LiNeS: Post-training Layer Scaling Prevents Forgetting and Enhances Model
+  Merging"): after the last step each weight's change is scaled by its depth,
+  :math:`\\theta_0 + (\\alpha + (1 - \\alpha)\\,d)\\,(\\theta - \\theta_0)` with :math:`\\alpha` = ``lines`` and
+  :math:`d` the weight's depth in [0, 1] (:func:`embforge.merge.layer_depths`: embeddings 0, layer ``l`` of
+  ``L`` at ``(l + 1) / L``, what follows the layers 1) — the shallow layers, which carry what every task shares,
+  go most of the way back to the base; the last layer keeps its whole change. ``embforge merge
+  --layer-scaling`` done by the run itself; with ``wise_ft`` too, the two scales multiply.
 
 :math:`\\theta_0` is a copy of every trainable weight taken before the first step; checkpoints save it (under
 ``anchor``), so a resumed run keeps pulling toward the weights the run started from, not the checkpoint's.
@@ -53,6 +61,7 @@ import torch
 from torch import Tensor
 
 from embforge.kinds import is_single_vector, kind_of
+from embforge.merge import layer_depths
 from embforge.protocols import TrainableModel
 from embforge.training.fisher import fisher_diagonal, probe_texts
 
@@ -62,7 +71,7 @@ if TYPE_CHECKING:
 
 
 class Anchor:
-    """The starting weights of ``model`` and the two pulls toward them (see the module docstring).
+    """The starting weights of ``model``, the pulls toward them and the final mix (see the module docstring).
 
     Args:
         model: The model being trained (its parameters that require a gradient are anchored).
@@ -71,6 +80,8 @@ class Anchor:
         importance: With ``ewc``: each trained weight's Fisher information over its mean, in ``named_parameters``
             order (:func:`embforge.training.fisher.fisher_diagonal`).
         wise_ft: Weight of the fine-tuned weights in the final model; ``None`` = no mix.
+        lines: :math:`\\alpha` of the final depth scaling (LiNeS): the embeddings keep ``lines`` of their
+            change, the last layer all of it; ``None`` = none.
     """
 
     def __init__(
@@ -81,10 +92,15 @@ class Anchor:
         wise_ft: float | None = None,
         ewc: float = 0.0,
         importance: Sequence[Tensor] = (),
+        lines: float | None = None,
     ) -> None:
-        self.l2sp, self.wise_ft, self.ewc = l2sp, wise_ft, ewc
+        self.l2sp, self.wise_ft, self.ewc, self.lines = l2sp, wise_ft, ewc, lines
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in trained]
+        depths = layer_depths(self.names) if lines is not None else {}
+        keep = 1.0 if wise_ft is None else wise_ft
+        # each weight's share of its change in the final model
+        self.kept = [keep * (1.0 if lines is None else lines + (1 - lines) * depths[n]) for n in self.names]
         self.weights: list[Tensor] = [p for _, p in trained]
         self.starts = [p.detach().clone() for p in self.weights]
         self.importance = (
@@ -104,13 +120,18 @@ class Anchor:
 
     @torch.no_grad()
     def mix(self) -> None:
-        """After the last step: the weights become ``(1 - wise_ft) * start + wise_ft * weights``."""
-        if self.wise_ft is not None:
-            torch._foreach_lerp_(self.weights, self.starts, 1.0 - self.wise_ft)
+        """After the last step: each weight becomes ``start + kept * (weight - start)``, ``kept`` = ``wise_ft``
+        times the LiNeS scale of its depth (1 for what neither asks for)."""
+        for weight, start, kept in zip(self.weights, self.starts, self.kept, strict=True):
+            if kept != 1.0:
+                weight.lerp_(start, 1.0 - kept)
 
     def describe(self) -> dict[str, object]:
         """The settings, for the log and the summary."""
-        return {"l2sp": self.l2sp, "ewc": self.ewc, "wise_ft": self.wise_ft, "weights": len(self.weights)}
+        return {
+            "l2sp": self.l2sp, "ewc": self.ewc, "wise_ft": self.wise_ft, "lines": self.lines,
+            "weights": len(self.weights),
+        }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {"starts": {name: start.cpu() for name, start in zip(self.names, self.starts, strict=True)}}
@@ -129,7 +150,7 @@ class Anchor:
 def start_anchor(model: TrainableModel, tasks: Sequence[Task], config: TrainConfig) -> Anchor | None:
     """The :class:`Anchor` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None`` (with
     ``ewc``: the Fisher information of ``model`` on ``config.ewc_texts`` texts of ``tasks``, computed now)."""
-    if config.l2sp == 0 and config.ewc == 0 and config.wise_ft is None:
+    if config.l2sp == 0 and config.ewc == 0 and config.wise_ft is None and config.lines is None:
         return None
     importance: list[Tensor] = []
     if config.ewc > 0:
@@ -137,11 +158,18 @@ def start_anchor(model: TrainableModel, tasks: Sequence[Task], config: TrainConf
             raise ValueError(f"ewc needs a dense or static embedding model, not a {kind_of(model).value} one")
         texts = probe_texts(tasks, config.ewc_texts, config.seed)
         importance = fisher_diagonal(model, texts, seed=config.seed)
-    return Anchor(model, l2sp=config.l2sp, wise_ft=config.wise_ft, ewc=config.ewc, importance=importance)
+    return Anchor(
+        model,
+        l2sp=config.l2sp,
+        wise_ft=config.wise_ft,
+        ewc=config.ewc,
+        importance=importance,
+        lines=config.lines,
+    )
 
 
 def check_anchor(config: TrainConfig) -> None:
-    """Validate a config's ``l2sp`` / ``ewc`` / ``ewc_texts`` / ``wise_ft`` fields."""
+    """Validate a config's ``l2sp`` / ``ewc`` / ``ewc_texts`` / ``wise_ft`` / ``lines`` fields."""
     if config.l2sp < 0:
         raise ValueError(f"l2sp must be >= 0 (0 = no pull toward the start), got {config.l2sp}")
     if config.ewc < 0:
@@ -153,4 +181,8 @@ def check_anchor(config: TrainConfig) -> None:
     if config.wise_ft is not None and not 0.0 <= config.wise_ft <= 1.0:
         raise ValueError(
             f"wise_ft must be in [0, 1] (1 = the fine-tuned weights alone), got {config.wise_ft}"
+        )
+    if config.lines is not None and not 0.0 <= config.lines <= 1.0:
+        raise ValueError(
+            f"lines must be in [0, 1] (the share of the embeddings' change kept; 1 = all), got {config.lines}"
         )

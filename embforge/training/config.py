@@ -31,8 +31,8 @@ class TrainConfig:
     ``ema_decay`` (an EMA of the weights from step ``ema_start``) or ``soup_last`` (the uniform mean of the
     weights at the last k steps ``soup_every`` apart) make the final model an average of weights
     (:mod:`embforge.training.averaging`). ``l2sp`` (decay toward the starting weights after every step), ``ewc``
-    (the same, each weight at a rate set by the starting model's Fisher information) and ``wise_ft`` (the final
-    model mixed with the starting weights) anchor the run to its base
+    (the same, each weight at a rate set by the starting model's Fisher information), ``wise_ft`` (the final
+    model mixed with the starting weights) and ``lines`` (each weight's change scaled by its depth) anchor the run to its base
     (:mod:`embforge.training.anchor`).
     """
 
@@ -80,6 +80,7 @@ class TrainConfig:
     # an anchor to the starting weights (embforge.training.anchor)
     l2sp: float = 0.0  # decoupled L2-SP: after each step pull lr * l2sp of the way back to the start; 0 = off
     wise_ft: float | None = None  # WiSE-FT: final model = (1 - w) * start + w * fine-tuned; None = off
+    lines: float | None = None  # LiNeS: each weight keeps (a + (1 - a) * its depth) of its change; None = off
     ewc: float = 0.0  # decoupled EWC: each weight pulled back lr * ewc * its Fisher importance; 0 = off
     ewc_texts: int = 2048  # texts of the run's tasks the starting model's Fisher information is estimated on
 
