@@ -42,9 +42,13 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
     return values
 
 
-def variant_tag(recipe_path: Path, sets: dict[str, Any] | None = None) -> str:
-    """The rows' name: the recipe file's stem, plus each ``--set`` (``general+ema_decay=0.95``)."""
-    return recipe_path.stem + "".join(f"+{k}={v}" for k, v in (sets or {}).items())
+def variant_tag(
+    recipe_path: Path, sets: dict[str, Any] | None = None, *, max_steps: int | None = None
+) -> str:
+    """The rows' name: the recipe file's stem, plus each ``--set`` (``general+ema_decay=0.95``) and a
+    ``--max-steps`` (``general+steps=2``) — each trains something else, so each is its own row."""
+    steps = {"steps": max_steps} if max_steps else {}
+    return recipe_path.stem + "".join(f"+{k}={v}" for k, v in {**(sets or {}), **steps}.items())
 
 
 def base_row(recipe: dict[str, Any]) -> tuple[str, str]:
@@ -116,7 +120,7 @@ def run_loo(
 ) -> None:
     """Train and score every (family, seed) still missing; ``dry_run`` writes the TOMLs and prints the plan."""
     recipe = anchored(tomllib.loads(recipe_path.read_text()), recipe_path.resolve().parent)
-    tag = variant_tag(recipe_path, sets)
+    tag = variant_tag(recipe_path, sets, max_steps=max_steps)
     base_name, base = base_row(recipe)
     for family in families:
         variant = without(recipe, family, max_steps=max_steps, sets=sets)
@@ -147,10 +151,15 @@ def run_loo(
 
 
 def loo_table(
-    out: Path, recipe_path: Path, *, sets: dict[str, Any] | None = None, split: str = "test"
+    out: Path,
+    recipe_path: Path,
+    *,
+    sets: dict[str, Any] | None = None,
+    split: str = "test",
+    max_steps: int | None = None,
 ) -> str:
     """Markdown: per family, the base, each recipe-without-it seed, mean ± std, and whether it held."""
-    tag = variant_tag(recipe_path, sets)
+    tag = variant_tag(recipe_path, sets, max_steps=max_steps)
     base_name, _ = base_row(tomllib.loads(recipe_path.read_text()))
     folder = out / "results" / split
     lines = [

@@ -34,8 +34,9 @@ pair classification, retrieval, classification in turn), that family scored agai
         --families sts,mrpc,scifact,banking --seeds 42,43,44 --out runs/general-table
     .venv/bin/python benchmarks/general_table.py loo --table --recipe embforge/configs/general.toml --out ...
 
-``--dry-run`` writes the variant recipes and prints the plan; ``--max-steps N`` shortens every stage (say so
-with the figures); ``--set KEY=VALUE`` adds a ``[defaults]`` field (``ema_decay=0.95``, ``soup_last=3``).
+``--dry-run`` writes the variant recipes and prints the plan; ``--max-steps N`` sets every stage's steps (say so
+with the figures); ``--set KEY=VALUE`` adds a ``[defaults]`` field (``ema_decay=0.95``, ``soup_last=3``). Each
+``--set`` and a ``--max-steps`` is part of the rows' name (``general+steps=132-without-banking-s42``).
 """
 
 from __future__ import annotations
@@ -419,7 +420,9 @@ def main() -> None:
                 max_steps=args.max_steps, sets=parse_sets(args.set), dry_run=args.dry_run,
             )  # fmt: skip
         if not args.dry_run:
-            print(loo_table(out, recipe, sets=parse_sets(args.set), split=args.split))
+            print(
+                loo_table(out, recipe, sets=parse_sets(args.set), split=args.split, max_steps=args.max_steps)
+            )
         return
     if args.step == "eval":
         families = tuple(args.families.split(","))

@@ -81,6 +81,30 @@ def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
     )
 
 
+def test_a_shorter_run_is_its_own_row_not_the_full_runs(tmp_path):
+    """``--max-steps`` changes what is trained, so its rows are not the full-length run's (which would be reused:
+    a finished run is never trained again)."""
+    loo = _loo()
+    trained: list[str] = []
+
+    def train(argv: list[str], log: Path) -> float:
+        folder = Path(argv[argv.index("--output") + 1])
+        (folder / "final").mkdir(parents=True)
+        (folder / "final" / "modules.json").write_text("[]")
+        trained.append(folder.name)
+        return 0.0
+
+    def evaluate(row, seed, out, **_):
+        return {}
+
+    for max_steps in (None, 2):
+        loo.run_loo(
+            ROOT / RECIPES[0], ["sts"], [42], tmp_path, train=train, evaluate=evaluate, max_steps=max_steps
+        )
+    assert trained == ["general-without-sts-s42", "general+steps=2-without-sts-s42"]
+    assert loo.variant_tag(Path("general.toml"), {}, max_steps=2) == "general+steps=2"
+
+
 @requires_data
 @pytest.mark.parametrize("recipe_file", [RECIPES[0], RECIPES[2]])
 @pytest.mark.parametrize("family", ["sts", "mrpc", "scifact", "banking"])
