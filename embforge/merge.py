@@ -120,6 +120,11 @@ def layer_depths(keys: Sequence[str]) -> dict[str, float]:
     return {k: (index[k] + 1) / layers if k in index else 0.0 if "embed" in k else 1.0 for k in keys}
 
 
+def layer_scales(keys: Sequence[str], alpha: float) -> dict[str, float]:
+    """LiNeS: each weight's share of its task vector, ``alpha + (1 - alpha) * depth`` (:func:`layer_depths`)."""
+    return {k: alpha + (1 - alpha) * d for k, d in layer_depths(keys).items()}
+
+
 def merge_state_dicts(
     states: Sequence[dict[str, Tensor]],
     weights: Sequence[float],
@@ -157,7 +162,7 @@ def merge_state_dicts(
     if layer_scaling is not None and (base is None or not 0 <= layer_scaling <= 1):
         raise ValueError(f"layer scaling needs a base model and an alpha in [0, 1], got {layer_scaling}")
     reference = base if base is not None else states[0]
-    depth = layer_depths(list(reference)) if layer_scaling is not None else {}
+    scale = layer_scales(list(reference), layer_scaling) if layer_scaling is not None else {}
     for i, state in enumerate(states):
         if state.keys() != reference.keys():
             missing = sorted(set(reference) ^ set(state))[:3]
@@ -179,7 +184,7 @@ def merge_state_dicts(
             tensors, weights, method, base[key] if base is not None else None, density
         )
         if layer_scaling is not None:
-            coefficients = [c * (layer_scaling + (1 - layer_scaling) * depth[key]) for c in coefficients]
+            coefficients = [c * scale[key] for c in coefficients]
         out = sum(
             (c * t.float() for c, t in zip(coefficients, tensors)), torch.zeros_like(ref, dtype=torch.float32)
         )

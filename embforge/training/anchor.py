@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 
 from embforge.kinds import is_single_vector, kind_of
-from embforge.merge import layer_depths
+from embforge.merge import layer_scales
 from embforge.protocols import TrainableModel
 from embforge.training.fisher import fisher_diagonal, probe_texts
 
@@ -97,10 +97,9 @@ class Anchor:
         self.l2sp, self.wise_ft, self.ewc, self.lines = l2sp, wise_ft, ewc, lines
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in trained]
-        depths = layer_depths(self.names) if lines is not None else {}
+        scales = layer_scales(self.names, lines) if lines is not None else {}
         keep = 1.0 if wise_ft is None else wise_ft
-        # each weight's share of its change in the final model
-        self.kept = [keep * (1.0 if lines is None else lines + (1 - lines) * depths[n]) for n in self.names]
+        self.kept = [keep * scales.get(n, 1.0) for n in self.names]  # each weight's share of its change
         self.weights: list[Tensor] = [p for _, p in trained]
         self.starts = [p.detach().clone() for p in self.weights]
         self.importance = (
