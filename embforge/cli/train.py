@@ -44,6 +44,13 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
     ("--lr", "lr", float, "peak learning rate (default 5e-5)"),
     ("--warmup-ratio", "warmup_ratio", float, "fraction of steps of linear warm-up (default 0.1)"),
     ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.01)"),
+    (
+        "--layer-lr-decay",
+        "layer_lr_decay",
+        float,
+        "layer-wise learning-rate decay: each layer below the last at D x the rate of the one above, the "
+        "embeddings below the first, e.g. 0.8 (default 1 = off)",
+    ),
     ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
     (
         "--mini-batch-size",
@@ -185,7 +192,9 @@ _GROUP = {
     **dict.fromkeys(["--lora-dropout", "--lora-targets"], "model"),
     "--loss": "loss",
     **dict.fromkeys(["--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-ratio"], "optimisation"),
-    **dict.fromkeys(["--weight-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"),
+    **dict.fromkeys(
+        ["--weight-decay", "--layer-lr-decay", "--grad-accum", "--max-grad-norm", "--seed"], "optimisation"
+    ),
     **dict.fromkeys(["--ema-decay", "--ema-start", "--soup-last", "--soup-every"], "optimisation"),
     **dict.fromkeys(["--l2sp", "--ewc", "--wise-ft", "--lines"], "optimisation"),
     **dict.fromkeys(["--mini-batch-size", "--amp", "--chunk-tokens", "--device"], "scale"),

@@ -42,6 +42,7 @@ class TrainConfig:
     batch_size: int = 32
     lr: float = 5e-5
     weight_decay: float = 0.01
+    layer_lr_decay: float = 1.0  # each layer below the last runs at this times the rate above it; 1 = off
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
     grad_accum: int = 1
@@ -94,6 +95,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 < self.layer_lr_decay <= 1.0:
+            raise ValueError(
+                f"layer_lr_decay must be in (0, 1] (1 = every layer at the full rate), got {self.layer_lr_decay}"
+            )
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
         check_amp(self.amp)
