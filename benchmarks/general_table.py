@@ -37,6 +37,13 @@ pair classification, retrieval, classification in turn), that family scored agai
 ``--dry-run`` writes the variant recipes and prints the plan; ``--max-steps N`` sets every stage's steps (say so
 with the figures); ``--set KEY=VALUE`` adds a ``[defaults]`` field (``ema_decay=0.95``, ``soup_last=3``). Each
 ``--set`` and a ``--max-steps`` is part of the rows' name (``general+steps=132-without-banking-s42``).
+
+What the test set resolves (``paired``, benchmarks/_paired.py): each model against the base on the same test
+items — the difference with its paired-bootstrap 95 % interval, and McNemar's exact p for the accuracy
+columns::
+
+    .venv/bin/python benchmarks/general_table.py paired --families banking \
+        --models runs/gp/centroid4-without-banking-s42/final,runs/gp/centroid4-without-banking-s43/final
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from _loo import loo_table, parse_sets, run_loo
+from _paired import classification_outcomes, compare, pair_outcomes
 
 LABELS = {
     "base": "all-MiniLM-L6-v2 (base)",
@@ -255,6 +263,50 @@ def question_types(split: str) -> Any:
 FAMILIES = ("sts", "scifact", "mrpc", "banking", "wikiqa", "qtype", "cluster")
 
 
+def _item_outcomes(split: str) -> dict[str, tuple[str, Any]]:
+    """``family -> (metric, model -> (per-item outcomes, gold))`` for the columns :func:`paired` compares
+    (the items, classifiers and splits of :func:`_families`)."""
+    from embforge.data.builtin import load_builtin
+
+    def banking(model: Any) -> Any:
+        fit = load_builtin("banking77", "train_all" if split == "test" else "train")
+        return classification_outcomes(model, fit, load_builtin("banking77", split))
+
+    return {
+        "banking": ("accuracy", banking),
+        "qtype": (
+            "accuracy",
+            lambda m: classification_outcomes(m, question_types("train"), question_types(split)),
+        ),
+        "sts": ("spearman", lambda m: pair_outcomes(m, load_builtin("stsb", split))),
+        "mrpc": ("ap", lambda m: pair_outcomes(m, load_builtin("mrpc", split))),
+    }
+
+
+def paired(
+    models: list[str], families: list[str], *, against: str, split: str = "test"
+) -> list[dict[str, Any]]:
+    """Each of ``models`` against ``against`` on each family's test items (:func:`_paired.compare`); one JSON
+    line per (model, family) as it is done."""
+    from embforge.encoder import Encoder
+
+    items = _item_outcomes(split)
+    unknown = [f for f in families if f not in items]
+    if unknown:
+        raise SystemExit(f"no per-item comparison for {', '.join(unknown)}; choose from {', '.join(items)}")
+    reference = Encoder.load(against)
+    rows = []
+    for family in families:
+        metric, outcomes = items[family]
+        base, gold = outcomes(reference)
+        for model in models:
+            row = {"model": model, "against": against, "family": family, "metric": metric}
+            row.update(compare(outcomes(Encoder.load(model))[0], base, gold, metric))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def evaluate_row(
     row: str,
     seed: int | None,
@@ -395,6 +447,11 @@ def main() -> None:
     loo.add_argument("--set", action="append", default=[], help="KEY=VALUE added to [defaults] (repeatable)")
     loo.add_argument("--dry-run", action="store_true", help="write the variant recipes, print the plan")
     loo.add_argument("--table", action="store_true", help="only print the leave-one-out table")
+    pair = steps.add_parser("paired", help="models vs the base on the same test items: intervals, McNemar")
+    pair.add_argument("--models", required=True, help="comma list of model folders")
+    pair.add_argument("--against", default="all-MiniLM-L6-v2", help="the model compared with (default: base)")
+    pair.add_argument("--families", default="banking,qtype,sts,mrpc", help="of banking, qtype, sts, mrpc")
+    pair.add_argument("--split", choices=("test", "dev"), default="test")
     for sub in (run, ev, tab, loo):
         sub.add_argument("--out", default="runs/general-table")
     for sub in (run, ev, tab, loo):
@@ -405,6 +462,9 @@ def main() -> None:
             "thread: leave it for a quiet run; a variant's dev check needs only sts,banking)",
         )
     args = parser.parse_args()
+    if args.step == "paired":
+        paired(args.models.split(","), args.families.split(","), against=args.against, split=args.split)
+        return
     out = Path(args.out)
     if args.step == "table":
         text = table(out, split=args.split, families=tuple(args.families.split(",")))
