@@ -8,7 +8,10 @@ gets right (``scipy.stats.binomtest``). Used by ``general_table.py paired``.
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +55,19 @@ def classification_outcomes(
     return (predicted == test_y).astype(np.float64), test_y
 
 
+def mteb_outcomes(model: Any, task: str, fit: Any, test: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each ``test`` item's share of mteb's experiments that label it right — mteb's own protocol for ``task``
+    (a classification task: 8 ``fit`` texts a label, 10 logistic regressions), its predictions read back; their
+    mean is mteb's accuracy."""
+    from embforge.evaluate.mteb import local_task, run_mteb
+
+    with tempfile.TemporaryDirectory() as folder:
+        run_mteb(model, local_task(task, {"train": fit, "test": test}), batch_size=64, predictions=folder)
+        runs = json.loads((Path(folder) / f"{task}_predictions.json").read_text())["default"]["test"]
+    gold = np.asarray(test.labels())
+    return np.mean([np.asarray(run) == gold for run in runs], axis=0), gold
+
+
 def pair_outcomes(model: Any, data: Any) -> tuple[np.ndarray, np.ndarray]:
     """The cosine of each ``(sentence1, sentence2)`` row and its gold score or label."""
     from embforge.evaluate.pairs import score_pairs
@@ -63,7 +79,8 @@ def compare(
     a: np.ndarray, b: np.ndarray, gold: np.ndarray, metric: str, *, resamples: int = 2000, seed: int = 0
 ) -> dict[str, float]:
     """``a``'s metric minus ``b``'s on the same items, with its paired-bootstrap 95 % interval; for ``accuracy``
-    also the items only ``a`` / only ``b`` gets right and McNemar's exact two-sided p."""
+    of 0/1 outcomes also the items only ``a`` / only ``b`` gets right and McNemar's exact two-sided p (shares of
+    several classifiers, :func:`mteb_outcomes`, get the interval only)."""
     from scipy.stats import binomtest, bootstrap
 
     score = METRICS[metric]
@@ -85,7 +102,7 @@ def compare(
         "low": float(interval.low),
         "high": float(interval.high),
     }
-    if metric == "accuracy":
+    if metric == "accuracy" and np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all():
         only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
         p = binomtest(only_a, only_a + only_b).pvalue if only_a + only_b else 1.0
         result.update(only_model=only_a, only_against=only_b, mcnemar_p=float(p))

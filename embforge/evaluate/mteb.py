@@ -16,6 +16,7 @@ download their data from the Hugging Face hub; :func:`local_task` instead fills 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -148,9 +149,16 @@ def local_task(name: str, splits: Mapping[str, Dataset], *, label_names: list[st
 
 
 def run_mteb(
-    model: Embedder, task: object, *, batch_size: int = 32, name: str = "embforge/model"
+    model: Embedder,
+    task: object,
+    *,
+    batch_size: int = 32,
+    name: str = "embforge/model",
+    predictions: str | Path | None = None,
 ) -> dict[str, float]:
-    """Evaluate ``model`` on one (already loaded) mteb task offline; returns the test split's scores (0-100)."""
+    """Evaluate ``model`` on one (already loaded) mteb task offline; returns the test split's scores (0-100).
+    ``predictions``: a folder where mteb writes its per-item predictions (``<task>_predictions.json``; for a
+    classification task one list per experiment)."""
     mteb = require("mteb")
     result = mteb.evaluate(
         MTEBEncoder(model, name=name, batch_size=batch_size),
@@ -158,6 +166,7 @@ def run_mteb(
         cache=None,
         show_progress_bar=False,
         encode_kwargs={"batch_size": batch_size},
+        prediction_folder=predictions,
     )
     scores = result.task_results[0].scores
     split = "test" if "test" in scores else next(iter(scores))

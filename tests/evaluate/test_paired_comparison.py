@@ -57,3 +57,11 @@ def test_a_clear_gain_has_an_interval_above_zero_and_a_small_one_does_not():
 def test_outcomes_of_different_items_are_refused():
     with pytest.raises(ValueError, match="different items"):
         _paired().compare(np.ones(5), np.ones(4), np.ones(5), "accuracy")
+
+
+def test_shares_of_several_classifiers_get_the_interval_but_no_mcnemar():
+    paired = _paired()
+    a, b = np.array([1.0, 0.9, 0.5, 0.0]), np.array([1.0, 0.8, 0.5, 0.1])
+    result = paired.compare(a, b, np.zeros(4), "accuracy", resamples=200)
+    assert result["difference"] == pytest.approx(0.0)
+    assert "mcnemar_p" not in result and result["low"] <= 0 <= result["high"]
