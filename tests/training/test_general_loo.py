@@ -76,9 +76,27 @@ def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
     assert "80.75 ± 0.35 | yes" in rows["sts"]
     assert "89.75 ± 1.06 | no (1 below)" in rows["banking"]
     assert "not run" in rows["mrpc"]
+    assert "banking_mteb" not in text  # a family's further columns show only where scored
     assert (
         loo.variant_tag(Path("general.toml"), loo.parse_sets(["ema_decay=0.95"])) == "general+ema_decay=0.95"
     )
+
+
+def test_a_familys_further_column_gets_its_own_line_where_scored(tmp_path):
+    loo = _loo()
+    results = tmp_path / "results" / "test"
+    results.mkdir(parents=True)
+    (results / "base-all-MiniLM-L6-v2.json").write_text(json.dumps({"banking": 90.8, "banking_mteb": 80.0}))
+    for seed, banking, mteb in [(42, 90.7, 80.5), (43, 90.9, 80.4)]:
+        (results / f"general-without-banking-s{seed}.json").write_text(
+            json.dumps({"seed": seed, "banking": banking, "banking_mteb": mteb})
+        )
+    lines = [
+        line for line in loo.loo_table(tmp_path, ROOT / RECIPES[0]).splitlines() if "| banking |" in line
+    ]
+    assert len(lines) == 2
+    assert "| banking_mteb | 80.00 | 80.50 (s42), 80.40 (s43) | 80.45 ± 0.07 | yes |" in lines[1]
+    assert "| no (1 below) |" in lines[0]
 
 
 def test_a_shorter_run_is_its_own_row_not_the_full_runs(tmp_path):
