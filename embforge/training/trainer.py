@@ -63,7 +63,10 @@ def layer_lr_factors(names: list[str], decay: float) -> dict[str, float]:
     """Layer-wise learning-rate decay: each weight's share of the learning rate, ``decay ** (L - 1 - l)`` for
     layer ``l`` of ``L``, ``decay ** L`` for the embeddings, 1 for the last layer and what follows it (depths from
     :func:`embforge.merge.layer_depths`, the ones LiNeS scales by)."""
-    depths = layer_depths(names)
+    try:
+        depths = layer_depths(names)
+    except ValueError as error:  # a model without numbered layers (a static embedding table)
+        raise ValueError(f"layer_lr_decay: {error}") from None
     layers = round(1 / min(d for d in depths.values() if d > 0))
     return {n: decay ** round((1 - d) * layers) for n, d in depths.items()}
 

@@ -34,6 +34,11 @@ def test_one_step_moves_each_weight_by_its_layers_share_of_the_plain_step(tmp_pa
     assert not torch.equal(moved_decayed[WORDS], moved[WORDS])
 
 
+def test_a_model_without_numbered_layers_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"layer_lr_decay: .*no numbered layers"):
+        layer_lr_factors(["embedding.weight", "linear.weight"], 0.8)
+
+
 @pytest.mark.parametrize("value", [0.0, -0.5, 1.5])
 def test_a_decay_outside_0_to_1_is_refused(value):
     with pytest.raises(ValueError, match=r"layer_lr_decay must be in \(0, 1\]"):
