@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from scipy.stats import binomtest, spearmanr
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import benchmark_module
 
 
 def _paired():
-    spec = importlib.util.spec_from_file_location("_paired", ROOT / "benchmarks" / "_paired.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_paired"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("_paired")
 
 
 def test_mcnemar_counts_the_items_only_one_model_gets_right():

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ import torch
 
 from embforge.training.pipeline import load_pipeline, validate_pipeline
 from embforge.training.run import load_toml
-from tests.conftest import requires_data
+from tests.conftest import benchmark_module, requires_data
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = [
@@ -23,12 +21,7 @@ RECIPES = [
 
 
 def _loo():
-    spec = importlib.util.spec_from_file_location("_loo", ROOT / "benchmarks" / "_loo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_loo"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("_loo")
 
 
 @pytest.mark.parametrize("recipe_file", [RECIPES[0], RECIPES[2]])
@@ -61,16 +54,21 @@ def test_leaving_out_a_family_the_recipe_does_not_train_is_an_error():
         loo.parse_sets(["ema_decay"])
 
 
+def _scored(folder: Path, base: dict[str, float], left_out: dict[str, list[dict[str, float]]]) -> None:
+    """The result files ``loo_table`` reads: the base row's and, per left-out family, one per seed."""
+    folder.mkdir(parents=True)
+    (folder / "base-all-MiniLM-L6-v2.json").write_text(json.dumps(base))
+    for family, runs in left_out.items():
+        for run in runs:
+            (folder / f"general-without-{family}-s{run['seed']:.0f}.json").write_text(json.dumps(run))
+
+
 def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
     loo = _loo()
-    results = tmp_path / "results" / "dev"
-    results.mkdir(parents=True)
-    (results / "base-all-MiniLM-L6-v2.json").write_text(json.dumps({"sts": 80.0, "banking": 90.0}))
-    for seed, sts, banking in [(42, 81.0, 89.0), (43, 80.5, 90.5)]:
-        (results / f"general-without-sts-s{seed}.json").write_text(json.dumps({"seed": seed, "sts": sts}))
-        (results / f"general-without-banking-s{seed}.json").write_text(
-            json.dumps({"seed": seed, "banking": banking})
-        )
+    _scored(tmp_path / "results" / "dev", {"sts": 80.0, "banking": 90.0}, {
+        "sts": [{"seed": 42, "sts": 81.0}, {"seed": 43, "sts": 80.5}],
+        "banking": [{"seed": 42, "banking": 89.0}, {"seed": 43, "banking": 90.5}],
+    })  # fmt: skip
     text = loo.loo_table(tmp_path, ROOT / RECIPES[0], split="dev")
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
     assert "80.75 ± 0.35 | yes" in rows["sts"]
@@ -84,13 +82,11 @@ def test_the_table_says_whether_every_seed_held_the_base(tmp_path):
 
 def test_a_familys_further_column_gets_its_own_line_where_scored(tmp_path):
     loo = _loo()
-    results = tmp_path / "results" / "test"
-    results.mkdir(parents=True)
-    (results / "base-all-MiniLM-L6-v2.json").write_text(json.dumps({"banking": 90.8, "banking_mteb": 80.0}))
-    for seed, banking, mteb in [(42, 90.7, 80.5), (43, 90.9, 80.4)]:
-        (results / f"general-without-banking-s{seed}.json").write_text(
-            json.dumps({"seed": seed, "banking": banking, "banking_mteb": mteb})
-        )
+    _scored(tmp_path / "results" / "test", {"banking": 90.8, "banking_mteb": 80.0}, {
+        "banking": [
+            {"seed": 42, "banking": 90.7, "banking_mteb": 80.5}, {"seed": 43, "banking": 90.9, "banking_mteb": 80.4},
+        ],
+    })  # fmt: skip
     lines = [
         line for line in loo.loo_table(tmp_path, ROOT / RECIPES[0]).splitlines() if "| banking |" in line
     ]
@@ -152,18 +148,7 @@ def test_the_mpnet_recipe_validates_and_trains_what_the_minilm_recipe_trains():
 
 
 def _general_table():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        _loo()
-        spec = importlib.util.spec_from_file_location(
-            "general_table", ROOT / "benchmarks" / "general_table.py"
-        )
-        assert spec is not None and spec.loader is not None
-        table = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(table)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return table
+    return benchmark_module("general_table")
 
 
 def test_two_runs_scoring_one_row_at_once_keep_each_others_families(tmp_path, monkeypatch):
