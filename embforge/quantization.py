@@ -78,8 +78,60 @@ def ranges_of(embeddings: np.ndarray) -> np.ndarray:
 
 
 def calibrate(model: Embedder, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
-    """Calibration ranges of ``model`` on ``texts`` (a few hundred to thousands of texts like the served ones)."""
-    return ranges_of(np.asarray(model.encode(list(texts), batch_size=batch_size), dtype=np.float32))
+    """Calibration ranges of ``model`` on ``texts`` (a few hundred to thousands of texts like the served ones).
+
+    Raises:
+        ValueError: ``model`` is not a one-vector (dense or static) model, or the ranges have a dimension of zero
+            width or that is not finite (too few or identical texts: every int8 value there would be -128).
+    """
+    from embforge.kinds import is_single_vector, kind_of
+
+    if not is_single_vector(model):
+        name = getattr(model, "name_or_path", None) or type(model).__name__
+        raise ValueError(
+            f"int8/uint8 calibration applies to dense embedding models; {name} is {kind_of(model).value}"
+        )
+    texts = list(texts)
+    ranges = ranges_of(np.asarray(model.encode(texts, batch_size=batch_size), dtype=np.float32))
+    flat = ranges[0] >= ranges[1]
+    if flat.any():
+        raise ValueError(
+            f"calibration ranges have zero width (min == max) in {int(flat.sum())} of {flat.size} dimensions "
+            f"on {len(texts)} texts, {len(set(texts))} distinct: give more varied calibration texts (a few "
+            "hundred like the served ones)"
+        )
+    return check_ranges(ranges, where="calibration ranges")
+
+
+def check_ranges(ranges: np.ndarray, *, where: str, dim: int | None = None) -> np.ndarray:
+    """``ranges`` as ``(2, dim)`` float32 when they can quantise: finite, min < max in every dimension and, when
+    ``dim`` is given, that many dimensions; else a one-line ``ValueError`` starting with ``where`` (a file, a
+    model)."""
+    x = np.asarray(ranges, dtype=np.float32)
+    if x.ndim != 2 or len(x) != 2:
+        raise ValueError(
+            f"{where}: ranges of shape {x.shape}; expected (2, dim): a min and a max per dimension"
+        )
+    width = x.shape[1]
+    if dim is not None and width != dim:
+        raise ValueError(
+            f"{where}: {width} dimensions, but the model has {dim} (ranges of another model?); calibrate this "
+            "model again (--calibration FILE)"
+        )
+    bad = ~np.isfinite(x).all(axis=0)
+    if bad.any():
+        raise ValueError(
+            f"{where}: not finite (NaN or infinity) in {int(bad.sum())} of {width} dimensions (first: dimension "
+            f"{int(bad.argmax())})"
+        )
+    bad = x[0] >= x[1]
+    if bad.any():
+        first = int(bad.argmax())
+        raise ValueError(
+            f"{where}: min >= max in {int(bad.sum())} of {width} dimensions (first: dimension {first}, min "
+            f"{x[0, first]:g}, max {x[1, first]:g}); calibrate again on more varied texts"
+        )
+    return x
 
 
 def write_ranges(folder: str | os.PathLike, ranges: np.ndarray, *, texts: int, source: str = "") -> Path:
@@ -96,20 +148,55 @@ def write_ranges(folder: str | os.PathLike, ranges: np.ndarray, *, texts: int, s
     return path
 
 
-def read_ranges(folder: str | os.PathLike) -> np.ndarray | None:
-    """Calibration ranges saved in ``folder`` (or beside a ``.onnx``/``.xml`` file in it); ``None`` if none."""
+def read_ranges(folder: str | os.PathLike, *, dim: int | None = None) -> np.ndarray | None:
+    """Calibration ranges saved in ``folder`` (or beside a ``.onnx``/``.xml`` file in it); ``None`` if none.
+
+    Raises:
+        ValueError: The file is not a ranges file, or its ranges cannot quantise (:func:`check_ranges`; ``dim``:
+            the model's width), in one line naming the file.
+    """
     base = Path(folder)
     path = (base.parent if base.is_file() else base) / RANGES_FILE
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
-    return np.asarray([record["min"], record["max"]], dtype=np.float32)
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: expected a JSON object with 'min' and 'max', got {type(record).__name__}")
+    for key in ("min", "max"):
+        if key not in record:
+            raise ValueError(
+                f"{path}: no {key!r} (a ranges file holds 'min' and 'max', one value per dimension, as "
+                "embforge export onnx --calibration writes it)"
+            )
+    low, high = record["min"], record["max"]
+    if isinstance(low, list) and isinstance(high, list) and len(low) != len(high):
+        raise ValueError(f"{path}: 'min' has {len(low)} values but 'max' has {len(high)}")
+    try:
+        ranges = np.asarray([low, high], dtype=np.float32)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: 'min' and 'max' must be lists of numbers ({err})") from None
+    return check_ranges(ranges, where=str(path), dim=dim)
 
 
 def read_texts(path: str | os.PathLike, *, limit: int = 2000) -> list[str]:
-    """Calibration texts from a file: one text a line (blank lines skipped), at most ``limit``."""
+    """Calibration texts from a file: one text a line (blank lines skipped), at most ``limit``.
+
+    Raises:
+        ValueError: ``path`` is a directory, or holds fewer than 2 distinct texts.
+    """
+    if Path(path).is_dir():
+        raise ValueError(f"--calibration {path} is a directory; a text file (one text a line) is expected")
     with open(path, encoding="utf-8") as handle:
         texts = [line.strip() for line in handle if line.strip()]
     if len(texts) < 2:
         raise ValueError(f"{path}: calibration needs at least 2 non-empty lines (one text a line)")
+    distinct = len(set(texts))
+    if distinct < 2:
+        raise ValueError(
+            f"{path}: {len(texts)} lines but {distinct} distinct text; calibration ranges need varied texts like "
+            "the served ones (a few hundred): give more varied ones"
+        )
     return texts[:limit]

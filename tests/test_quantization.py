@@ -116,3 +116,110 @@ def test_export_saves_the_calibration_ranges_and_the_server_quantises_with_them(
     argv = ["export", "onnx", "--model", str(tiny_model_dir), "--output", str(cli_out)]
     assert main([*argv, "--calibration", str(texts)]) == 0
     np.testing.assert_allclose(read_ranges(cli_out), saved, atol=1e-6)
+
+
+def test_identical_calibration_texts_are_refused_saying_how_many_were_distinct(tiny_encoder, tmp_path):
+    """Three identical lines gave ranges of zero width: every int8 vector was -128."""
+    from embforge.quantization import read_texts
+
+    with pytest.raises(ValueError, match=r"zero width .* 3 texts, 1 distinct.*more varied"):
+        calibrate(tiny_encoder, ["the cat"] * 3)
+    same = tmp_path / "calibration.txt"
+    same.write_text("the cat\nthe cat\nthe cat\n")
+    with pytest.raises(ValueError, match=r"calibration\.txt: 3 lines but 1 distinct text.*more varied"):
+        read_texts(same)
+
+
+def test_calibration_of_a_directory_is_one_line_naming_the_flag(tmp_path):
+    from embforge.quantization import read_texts
+
+    with pytest.raises(ValueError, match=r"--calibration .*is a directory; a text file .*is expected"):
+        read_texts(tmp_path)
+
+
+def test_calibration_of_a_sparse_model_is_refused():
+    from transformers import BertForMaskedLM
+
+    from embforge.sparse.model import SparseEncoder
+    from tests.conftest import make_tokenizer, tiny_bert_config
+
+    tokenizer = make_tokenizer()
+    model = SparseEncoder(BertForMaskedLM(tiny_bert_config(len(tokenizer))), tokenizer, max_seq_length=32)
+    model.name_or_path = "my-splade"
+    with pytest.raises(
+        ValueError, match=r"^int8/uint8 calibration applies to dense embedding models; my-splade is sparse"
+    ):
+        calibrate(model, CALIBRATION)
+
+
+def _saved(folder, record) -> None:
+    import json
+
+    from embforge.quantization import RANGES_FILE
+
+    (folder / RANGES_FILE).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        (
+            {"min": [0.0, float("nan")], "max": [1.0, 1.0]},
+            r"not finite \(NaN or infinity\) in 1 of 2 dimensions",
+        ),
+        ({"min": [0.0, float("-inf")], "max": [1.0, 1.0]}, r"not finite"),
+        ({"min": [0.0, 2.0], "max": [1.0, 1.0]}, r"min >= max in 1 of 2 dimensions \(first: dimension 1"),
+        ({"min": [0.0, 1.0, 2.0], "max": [1.0, 2.0]}, r"'min' has 3 values but 'max' has 2"),
+        ({"max": [1.0, 2.0]}, r"no 'min' \(a ranges file holds 'min' and 'max'"),
+        ({"min": [0.0, "x"], "max": [1.0, 2.0]}, r"'min' and 'max' must be lists of numbers"),
+    ],
+)
+def test_saved_ranges_are_checked_when_read(tmp_path, record, problem):
+    """NaN/Infinity or min > max gave zeros or garbage with status 200; a file without min/max said "error: 'min'"."""
+    _saved(tmp_path, record)
+    with pytest.raises(ValueError, match=rf"embforge_quantization\.json: {problem}"):
+        read_ranges(tmp_path)
+
+
+def test_saved_ranges_of_another_width_are_refused(tmp_path):
+    _saved(tmp_path, {"min": [0.0, 0.0], "max": [1.0, 1.0]})
+    np.testing.assert_array_equal(read_ranges(tmp_path, dim=2), [[0, 0], [1, 1]])
+    with pytest.raises(
+        ValueError, match=r"embforge_quantization\.json: 2 dimensions, but the model has 4"
+    ):
+        read_ranges(tmp_path, dim=4)
+    (tmp_path / "embforge_quantization.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"embforge_quantization\.json: not JSON \("):
+        read_ranges(tmp_path)
+
+
+def test_the_server_refuses_ranges_of_another_width_before_it_starts(tiny_encoder, tmp_path):
+    """Ranges of another model's width: the server started, then every int8 request was a 500."""
+    pytest.importorskip("fastapi")
+    from embforge.serve.app import create_app
+
+    other = np.stack([np.zeros(8), np.ones(8)]).astype(np.float32)
+    with pytest.raises(
+        ValueError, match=rf"calibration ranges given for .*: 8 dimensions, but the model has {tiny_encoder.dim}"
+    ):
+        create_app({"tiny": tiny_encoder}, ranges={"tiny": other})
+    bad = np.stack([np.zeros(tiny_encoder.dim), np.full(tiny_encoder.dim, np.nan)]).astype(np.float32)
+    with pytest.raises(ValueError, match=r"calibration ranges given for .*: not finite"):
+        create_app({"tiny": tiny_encoder}, ranges={"tiny": bad})
+
+
+def test_the_server_refuses_a_broken_saved_ranges_file_instead_of_ignoring_it(tiny_model_dir):
+    pytest.importorskip("fastapi")
+    from embforge.encoder import Encoder
+    from embforge.serve.app import create_app
+
+    model = Encoder.load(tiny_model_dir)
+    _saved(tiny_model_dir, {"min": [0.0] * model.dim, "max": [float("inf")] * model.dim})
+    with pytest.raises(ValueError, match=r"tiny/embforge_quantization\.json: not finite"):
+        create_app(model)
+    _saved(tiny_model_dir, {"min": [0.0] * 3, "max": [1.0] * 3})  # copied from another model
+    with pytest.raises(
+        ValueError,
+        match=rf"embforge_quantization\.json: 3 dimensions, but the model has {model.dim}",
+    ):
+        create_app(model)

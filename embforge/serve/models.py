@@ -251,23 +251,31 @@ def _pick(models: dict[str, Served], name: str | None, kind: str) -> Served:
 
 
 def _ranges(given: np.ndarray | None, model: BatchEncoding) -> np.ndarray | None:
-    """The int8/uint8 calibration ranges to serve: ``given``, else those saved beside the model."""
-    return given if given is not None else _saved_ranges(model)
+    """The int8/uint8 calibration ranges to serve: ``given``, else those saved beside the model; ranges that
+    cannot quantise this model's vectors (another width, not finite, min >= max) stop the server from starting."""
+    from embforge.quantization import check_ranges
+
+    if given is None:
+        return _saved_ranges(model)
+    label = getattr(model, "name_or_path", None) or getattr(model, "graph", None) or "the model"
+    return check_ranges(given, where=f"the calibration ranges given for {label}", dim=int(model.dim))
 
 
 def _saved_ranges(model: BatchEncoding) -> np.ndarray | None:
-    """Calibration ranges saved beside the model (``embforge_quantization.json`` in its folder), if any."""
+    """Calibration ranges saved beside the model (``embforge_quantization.json`` in its folder), if any; a file
+    there that cannot serve (not JSON, no min/max, another width, not finite) is an error naming it."""
     from embforge.modeling.resolve import resolve_model_path
     from embforge.quantization import read_ranges
 
-    try:
-        if isinstance(model, ExportedEncoder):
-            return read_ranges(model.graph)
-        if isinstance(model, (Encoder, StaticEncoder)) and model.name_or_path is not None:
-            return read_ranges(resolve_model_path(model.name_or_path))
-    except (OSError, ValueError):
+    if isinstance(model, ExportedEncoder):
+        return read_ranges(model.graph, dim=int(model.dim))
+    if not isinstance(model, (Encoder, StaticEncoder)) or model.name_or_path is None:
         return None
-    return None
+    try:
+        folder = resolve_model_path(model.name_or_path)
+    except (OSError, ValueError):  # a model not loaded from a folder here: nothing saved beside it
+        return None
+    return read_ranges(folder, dim=int(model.dim))
 
 
 def pair_costs(model: Reranker, query: str, docs: Sequence[str]) -> list[int]:
