@@ -70,7 +70,9 @@ def train_peer(train_data, args, out):
 
 def train_embforge(train_data, args, out):
     torch.manual_seed(args.seed)
-    model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_length, device=args.device)
+    model = CrossEncoder.load(
+        args.model, num_labels=1, new_head=True, max_seq_length=args.max_length, device=args.device
+    )
     config = embforge_train_config(args, out, chunk_tokens=args.chunk_tokens)
     start = time.perf_counter()
     train(model, [Task("mrpc", train_data, get_cross_loss("bce"))], config)

@@ -123,7 +123,7 @@ def choose_fusion(bi, cross, dev, top_k: int) -> tuple[float, dict[float, float]
 
 def train_cross_encoder(args, train_data, groups, answerable) -> CrossEncoder:
     """The cross-encoder from ``args.model``, trained as the command line says."""
-    model = CrossEncoder.load(args.model, num_labels=1, max_seq_length=args.max_seq_length)
+    model = CrossEncoder.load(args.model, num_labels=1, new_head=True, max_seq_length=args.max_seq_length)
     if args.loss == "listwise":
         task = Task(
             "wikiqa", listwise_rows(train_data, groups, args.negatives, args.seed), get_cross_loss("listwise")

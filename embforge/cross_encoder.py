@@ -3,20 +3,22 @@
 The on-disk layout is a plain ``AutoModelForSequenceClassification`` folder plus sentence-transformers'
 ``config_sentence_transformers.json`` (``model_type: CrossEncoder``, ``activation_fn``), so a folder saved here
 loads in ``sentence_transformers.CrossEncoder`` and a folder saved there loads here. A bi-encoder checkpoint
-(e.g. all-MiniLM-L6-v2) becomes a cross-encoder with a freshly initialised head.
+(e.g. all-MiniLM-L6-v2) becomes a cross-encoder with a freshly initialised head only when that is asked for
+(``new_head=True``, as training does); loading it to score pairs is refused (the head would be random).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from embforge.kinds import ModelKind
+from embforge.kinds import ModelKind, folder_kind
 from embforge.modeling.dropout import forward_keys, text_keys
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TransformerModule
@@ -28,10 +30,11 @@ from embforge.modeling.padding import (
     sort_by_length,
     token_budget_chunks,
 )
-from embforge.modeling.resolve import default_max_seq_length, resolve_model_path
+from embforge.modeling.resolve import default_max_seq_length, naming_broken_files, resolve_model_path
 from embforge.modeling.st_folder import (
     has_modules,
     is_cross_encoder_folder,
+    read_json,
     read_st_config,
     read_st_settings,
     write_st_config,
@@ -65,8 +68,8 @@ class CrossEncoder(Tokenized, TransformerModule):
     """A cross-encoder (reranker): a pair of texts in, ``num_labels`` logits out.
 
     Example:
-        >>> ce = CrossEncoder.load("all-MiniLM-L6-v2")  # doctest: +SKIP
-        >>> # a bi-encoder checkpoint: the head is new and untrained
+        >>> ce = CrossEncoder.load("all-MiniLM-L6-v2", new_head=True)  # doctest: +SKIP
+        >>> # a bi-encoder checkpoint: the head is new and untrained (without new_head: refused)
         >>> ce.predict([("what is a cat", "a cat is a small feline")]).shape  # doctest: +SKIP
         (1,)
     """
@@ -255,21 +258,31 @@ class CrossEncoder(Tokenized, TransformerModule):
         *,
         num_labels: int | None = None,
         activation: str | None = None,
+        new_head: bool = False,
         **options: Unpack[LoadOptions],
     ) -> CrossEncoder:
-        """Load a cross-encoder folder, or start one from any encoder / bi-encoder folder with a new head.
+        """Load a cross-encoder folder; with ``new_head``, start one for training from any encoder folder.
 
         Args:
-            path: A folder (cross-encoder, HF encoder or sentence-transformers bi-encoder) or a known alias.
+            path: A cross-encoder folder or alias (with ``new_head``: also an HF encoder or a bi-encoder folder).
             num_labels: Outputs of the head; for a folder without a classification head it defaults to 1.
             activation: ``sigmoid`` or ``identity`` for :meth:`predict` (default: saved, else sigmoid for 1 label).
+            new_head: Start from a model without a trained head (``embforge train --model-type cross``): a
+                bi-encoder or encoder gets a new, randomly initialised head; a cross-encoder keeps its own. Without
+                it, such a folder is refused (:func:`refuse_untrained_head`): it would score at random.
             **options: ``device``: where to put the model; ``max_seq_length``: truncate pairs to this many tokens
                 (default: saved value or min(512, tokenizer's)).
+
+        Raises:
+            ValueError: Without ``new_head``: the folder is another kind of model, or its checkpoint lacks weights
+                of the head.
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         root = resolve_model_path(path)
+        if not new_head:
+            refuse_untrained_head(path, root)
         saved: dict[str, Any] = read_st_config(root)
         cross = is_cross_encoder_folder(root)
         source = root
@@ -282,19 +295,22 @@ class CrossEncoder(Tokenized, TransformerModule):
             kwargs["num_labels"] = num_labels
         elif not cross:
             kwargs["num_labels"] = 1
-        tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-        was_enabled = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # "newly initialized head" is expected when starting from an encoder
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                str(source), local_files_only=True, **kwargs
-            )
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if was_enabled:
-                hf_logging.enable_progress_bar()
+        with naming_broken_files(source):
+            tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+            was_enabled = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()  # a missing head is asked for (new_head) or refused below
+            try:
+                model, loading = AutoModelForSequenceClassification.from_pretrained(
+                    str(source), local_files_only=True, output_loading_info=True, **kwargs
+                )
+            finally:
+                hf_logging.set_verbosity(verbosity)
+                if was_enabled:
+                    hf_logging.enable_progress_bar()
+        if not new_head:
+            refuse_missing_weights(path, sorted(loading["missing_keys"]))
         if activation is None:
             saved_fn = saved.get("activation_fn") or (
                 getattr(model.config, "sentence_transformers", None) or {}
@@ -330,3 +346,44 @@ class CrossEncoder(Tokenized, TransformerModule):
             **adapter_note(self.model),
         }
         write_st_config(root, config)
+
+
+# what a folder of another kind is, in a refusal
+_OTHER_KINDS = {
+    ModelKind.DENSE: "a dense embedding model (sentence-transformers folder)",
+    ModelKind.SPARSE: "a sparse (SPLADE) embedding model",
+    ModelKind.MULTIVECTOR: "a multi-vector (ColBERT) embedding model",
+    ModelKind.STATIC: "a static embedding model",
+}
+_TRAIN_ONE = "train a cross-encoder from it (embforge train --model-type cross, or CrossEncoder.load(..., new_head=True))"
+
+
+def refuse_untrained_head(path: ModelPath, root: Path) -> None:
+    """A one-line ``ValueError`` when the folder ``root`` (``path`` as given) declares itself something other
+    than a cross-encoder: another kind (``config_sentence_transformers.json``, ``modules.json``) or a Hugging Face
+    model without a ``...ForSequenceClassification`` architecture. Its scores would come from a random head."""
+    if is_cross_encoder_folder(root):
+        return
+    kind = folder_kind(root) or (ModelKind.DENSE if has_modules(root) else None)
+    if kind is not None:
+        raise ValueError(
+            f"{path} is {_OTHER_KINDS[kind]}, not a cross-encoder: pass it as --model (an embedding model), or "
+            f"{_TRAIN_ONE}"
+        )
+    architectures = read_json(root / "config.json").get("architectures") or []
+    if architectures:
+        raise ValueError(
+            f"{path} is a Hugging Face {', '.join(architectures)} checkpoint without a sequence-classification "
+            f"head, not a cross-encoder: give a trained cross-encoder, or {_TRAIN_ONE}"
+        )
+
+
+def refuse_missing_weights(path: ModelPath, missing: Sequence[str]) -> None:
+    """A one-line ``ValueError`` when weights of the cross-encoder at ``path`` are not in its checkpoint (Hugging
+    Face would initialise them at random: scores near 0.5, different at every start)."""
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ValueError(
+            f"{path}: {shown} {'is' if len(missing) == 1 else 'are'} not in the checkpoint, so the head would "
+            f"score at random: give a trained cross-encoder, or {_TRAIN_ONE}"
+        )

@@ -59,10 +59,11 @@ def test_rank_sorts_documents_by_score():
 
 def test_starting_from_a_bi_encoder_adds_a_new_head(tiny_model_dir):
     assert not is_cross_encoder_folder(tiny_model_dir)
-    ce = CrossEncoder.load(tiny_model_dir)
+    ce = CrossEncoder.load(tiny_model_dir, new_head=True)
     assert ce.num_labels == 1
     assert ce.predict(PAIRS).shape == (len(PAIRS),)
-    assert CrossEncoder.load(tiny_model_dir, num_labels=2).predict(PAIRS).shape == (len(PAIRS), 2)
+    two = CrossEncoder.load(tiny_model_dir, new_head=True, num_labels=2)
+    assert two.predict(PAIRS).shape == (len(PAIRS), 2)
 
 
 def _pairs_data(tmp_path) -> Dataset:

@@ -206,7 +206,7 @@ def run_one(system: str, splits: Splits, seed: int, config: BenchConfig, workdir
         from embforge.losses.cross import get_cross_loss
 
         model: Encoder | CrossEncoder = CrossEncoder.load(
-            config.model, num_labels=1, max_seq_length=config.max_seq_length
+            config.model, num_labels=1, new_head=True, max_seq_length=config.max_seq_length
         )
         loss: BaseLoss = (
             get_cross_loss("bce", label_max=5.0 if graded else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -169,6 +170,38 @@ def hf_quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def naming_broken_files(folder: Path) -> Iterator[None]:
+    """Inside, a failure to load from ``folder`` whose cause is a weights file there that is not safetensors, or a
+    JSON file there that is not JSON, is re-raised as a one-line ``ValueError`` naming that file."""
+    try:
+        yield
+    except Exception as error:
+        broken = _broken_file(folder)
+        if broken is None:
+            raise
+        raise ValueError(broken) from error
+
+
+def _broken_file(folder: Path) -> str | None:
+    """The first ``*.safetensors`` file of ``folder`` whose header does not read, or ``*.json`` file that does not
+    parse: ``"FILE: not a safetensors file (why)"`` / ``"FILE: not JSON (why)"``; ``None`` when all read."""
+    from safetensors import safe_open
+
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except Exception as error:  # safetensors raises its own error type (and OSError)
+            return f"{weights}: not a safetensors file ({error})"
+    for config in sorted(folder.glob("*.json")):
+        try:
+            json.loads(config.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            return f"{config}: not JSON ({error})"
+    return None
+
+
 def default_max_seq_length(tokenizer: PreTrainedTokenizerBase) -> int:
     """The length a model folder without a saved one gets: its tokenizer's ``model_max_length``, at most 512."""
     return min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
@@ -178,7 +211,8 @@ def load_backbone(folder: Path, **kwargs: object) -> tuple[nn.Module, PreTrained
     """Load an ``AutoModel`` (float32, eval mode off) and its fast tokenizer from a local folder."""
     from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    with hf_quiet():
-        backbone = AutoModel.from_pretrained(str(folder), local_files_only=True, **kwargs)
+    with naming_broken_files(folder):
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        with hf_quiet():
+            backbone = AutoModel.from_pretrained(str(folder), local_files_only=True, **kwargs)
     return backbone, tokenizer

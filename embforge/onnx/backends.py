@@ -172,6 +172,13 @@ def load_scorer(
         backend = "openvino"
     if backend not in SCORER_BACKENDS:
         raise ValueError(f"unknown reranker backend {backend!r}; choose one of {', '.join(SCORER_BACKENDS)}")
+    given = Path(model)
+    exported = given.suffix == ".onnx" or _is_export(given)
+    if not exported:  # the check CrossEncoder.load makes, before a bi-encoder is exported as one
+        from embforge.cross_encoder import refuse_untrained_head
+        from embforge.modeling.resolve import resolve_model_path
+
+        refuse_untrained_head(model, resolve_model_path(model))
     if backend == "auto":
         import torch
 
@@ -185,8 +192,6 @@ def load_scorer(
                 raise
             log.warning("backend %s failed for reranker %s (%s); using torch", chosen, model, err)
             backend = "torch"
-    given = Path(model)
-    exported = given.suffix == ".onnx" or _is_export(given)
     if backend == "torch" and not exported:
         from embforge.cross_encoder import CrossEncoder
 

@@ -62,10 +62,13 @@ def make_session(graph: Path, *, threads: int | None = None) -> InferenceSession
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in an export folder."""
+    """The tokenizer saved in an export folder (a broken ``tokenizer.json`` there is an error naming it)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    from embforge.modeling.resolve import naming_broken_files
+
+    with naming_broken_files(folder):
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

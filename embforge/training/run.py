@@ -247,7 +247,9 @@ def load_model(spec: RunSpec) -> Any:
         num_labels = None
         if not is_cross_encoder_folder(spec.model):
             num_labels = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
-        model: Any = CrossEncoder.load(spec.model, num_labels=num_labels, max_seq_length=spec.max_seq_length)
+        model: Any = CrossEncoder.load(
+            spec.model, num_labels=num_labels, new_head=True, max_seq_length=spec.max_seq_length
+        )
         return with_lora(model, spec.config)
     from embforge.encoder import Encoder
 

@@ -186,3 +186,15 @@ def test_a_reranker_on_openvino_is_served_beside_embedders_with_the_torch_scores
     got = np.array([r["relevance_score"] for r in sorted(body["results"], key=lambda r: r["index"])])
     np.testing.assert_allclose(got, reference, atol=1e-3)
     assert app.state.models.rerankers["rr"].batcher.concurrency == 2
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx", "openvino", "auto"])
+def test_a_bi_encoder_is_refused_as_a_reranker_on_every_backend_before_any_export(
+    tiny_model_dir: Path, tmp_path: Path, backend: str
+):
+    """A bi-encoder given as ``--reranker`` was served with a random head (or exported as a bi-encoder first)."""
+    from embforge.onnx.backends import load_scorer
+
+    with pytest.raises(ValueError, match=r"is a dense embedding model .*not a cross-encoder"):
+        load_scorer(tiny_model_dir, backend=backend, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
