@@ -35,7 +35,7 @@ from embforge.data.columns import (
     named_sources,
     standard_name,
 )
-from embforge.files import DataError, read_lines
+from embforge.files import BOM, DataError, read_lines
 
 SAMPLE_ROWS = 200
 Record = tuple[int, list[str]]
@@ -52,11 +52,12 @@ def delimited_rows(
 ) -> Iterator[Row]:
     """``(line, {standard name: cell})`` for each data row of a CSV (``delimiter=","``) or TSV file.
 
-    ``skip``, if given, is called with the error of a ragged row (which is then left out) instead of raising it.
+    ``skip``, if given, is called with the error of a ragged row or an undecodable line (which is then left out)
+    instead of raising it.
     """
     if delimiter == ",":
         delimiter = sniff_delimiter(path)
-    records = _tsv_records(path) if delimiter == "\t" else _csv_records(path, delimiter)
+    records = _tsv_records(path, skip) if delimiter == "\t" else _csv_records(path, delimiter, skip)
     head: list[Record] = []  # the first row and the sample after it; blank lines at the start are not rows
     seen = 0
     for line, cells in records:
@@ -237,12 +238,34 @@ def header_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 # ---------------------------------------------------------------------------------------------- records
+def decoded_lines(path: Path, skip: Callable[[DataError], None] | None = None) -> Iterator[tuple[int, str]]:
+    """:func:`~embforge.files.read_lines`; with ``skip``, an undecodable line is handed to it (and left out)
+    instead of ending the file there with its error."""
+    if skip is None:
+        yield from read_lines(path)
+        return
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                column = len(raw[: err.start].decode("utf-8", errors="replace")) + 1
+                bad = raw[err.start : err.start + 1].hex()
+                skip(
+                    DataError(
+                        f"{path}:{number}:{column}: invalid UTF-8 (byte 0x{bad}); save the file as UTF-8"
+                    )
+                )
+                continue
+            yield number, text[len(BOM) :] if number == 1 and text.startswith(BOM) else text
 
 
 def sniff_delimiter(path: Path, lines: int = 50) -> str:
     """``","`` unless the first lines split consistently on tabs but not on commas (a TSV named ``.csv``)."""
     sample: list[str] = []
-    for _, text in read_lines(path):
+    for _, text in decoded_lines(
+        path, skip=lambda _: None
+    ):  # an undecodable line is the rows' reader's error
         if text.strip():
             sample.append(text)
         if len(sample) >= lines:
@@ -261,8 +284,8 @@ def sniff_delimiter(path: Path, lines: int = 50) -> str:
     return ","
 
 
-def _tsv_records(path: Path) -> Iterator[Record]:
-    for line, text in read_lines(path):
+def _tsv_records(path: Path, skip: Callable[[DataError], None] | None = None) -> Iterator[Record]:
+    for line, text in decoded_lines(path, skip):
         body = text[:-1] if text.endswith("\n") else text
         body = body[:-1] if body.endswith("\r") else body
         if "\r" in body:  # TSV has no quoting: a bare \r is an old Mac line ending, not text
@@ -273,12 +296,14 @@ def _tsv_records(path: Path) -> Iterator[Record]:
         yield line, ([] if not body.strip() else body.split("\t"))
 
 
-def _csv_records(path: Path, delimiter: str) -> Iterator[Record]:
+def _csv_records(
+    path: Path, delimiter: str, skip: Callable[[DataError], None] | None = None
+) -> Iterator[Record]:
     csv.field_size_limit(max(csv.field_size_limit(), min(sys.maxsize, 2**31 - 1)))  # 10 MB texts are fine
     pending: list[tuple[int, str]] = []
 
     def lines() -> Iterator[str]:
-        for number, text in read_lines(path):
+        for number, text in decoded_lines(path, skip):
             pending.append((number, text))
             yield text
 

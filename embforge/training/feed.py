@@ -78,7 +78,7 @@ class Feed:
         """The next batch (its prepared task and rows), starting the next epoch when this one is used up."""
         if self.plan is None:
             self.plan = self.inputs.plan(self.config, progress.epoch)
-        if progress.position >= len(self.plan):
+        if self.plan.ended(progress):  # the windows this epoch went through re-cut first (a resume)
             progress.next_epoch(len(self.tasks))
             self.plan = self.inputs.plan(self.config, progress.epoch)
         batch = self.plan.take(progress, weights)

@@ -191,8 +191,9 @@ def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
     if not spec.train:
         raise ValueError("no training data: pass --train FILE (or train = [...] in the config file)")
     tasks = []
+    options = source_options(spec)  # one for the run: --max-bad-rows counts the bad rows of every file
     for path in spec.train:
-        data = open_source(path, source_options(spec))
+        data = open_source(path, options)
         loss = make_loss(
             resolved_loss(spec),
             model=model,

@@ -330,8 +330,26 @@ class TaskPlan:
             p = np.maximum(left, 0)
         return p / p.sum()
 
+    def seek(self, cursors: Sequence[int]) -> None:
+        """Cut each task's windows up to the one holding its last batch taken (``cursors[t] - 1``).
+
+        What the plan knows of the epoch (its length, each task's batches left, which weigh the task draw) grows as
+        windows are cut, so it is part of where the epoch is: a plan made afresh on ``--resume`` (or after a
+        negative refresh) first re-cuts the windows the interrupted one had cut, reading them again, and then
+        knows exactly what that one knew. A no-op when the plan drew those batches itself.
+        """
+        for order, cursor in zip(self.orders, cursors):
+            if cursor > 0:
+                order.get(cursor - 1)
+
+    def ended(self, progress: Progress) -> bool:
+        """Whether ``progress`` has taken every batch of this epoch."""
+        self.seek(progress.cursors)
+        return progress.position >= len(self)
+
     def batch(self, position: int, cursors: Sequence[int], weights: Sequence[float]) -> PlannedBatch:
         """The batch at ``position`` when task ``t`` has already given ``cursors[t]`` batches this epoch."""
+        self.seek(cursors)
         if not 0 <= position < len(self):
             raise IndexError(f"position {position} outside the epoch's {len(self)} batches")
         p = self.probabilities(weights, cursors)

@@ -4,6 +4,7 @@ reaches them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -17,6 +18,7 @@ from embforge.losses import get_loss
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import rank_rows
 from embforge.training.loop import train
+from embforge.training.run import RunSpec, build_tasks
 from embforge.training.sampling import TaskPlan, TextKeys, epoch_plan
 from embforge.training.state import Progress
 from embforge.training.tasks import Task, prepare
@@ -92,11 +94,11 @@ def test_a_stream_is_read_a_window_at_a_time(pairs):
     assert row_count(stream) == 300  # known once the stream has ended
 
 
-def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=False, save_every=2):
+def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=False, save_every=2, max_steps=6):
     options = SourceOptions(mode=mode, window=64, cache_dir=str(tmp_path / "cache"))
     config = TrainConfig(
         output=str(out),
-        max_steps=6,
+        max_steps=max_steps,
         batch_size=16,
         shuffle_window=64,
         save_every=save_every,
@@ -121,15 +123,20 @@ def test_streamed_and_memory_mapped_training_give_the_in_memory_weights(pairs, t
     assert any(not torch.equal(start[k], memory[k]) for k in start)  # it trained
 
 
-def test_an_interrupted_streamed_run_resumes_to_the_same_weights(pairs, tmp_path, tiny_model_dir):
-    full = train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "full")
-    # stopped after step 5: the last checkpoint is step 3, inside the first window of 64 rows (4 batches)
+@pytest.mark.parametrize("mode", ["memory", "mmap", "stream"])
+def test_an_interrupted_run_resumes_to_the_same_weights_in_every_data_mode(
+    pairs, tmp_path, tiny_model_dir, mode
+):
+    """Stopped after step 27 of 30 and resumed from checkpoint-25: the same weights as the uninterrupted run, bit
+    for bit. The epoch has 43 batches in windows of 64 rows (the repeated texts make short batches), and
+    checkpoint-25 is in the third window: past what a plan made afresh knows of the epoch before it re-cuts the
+    windows already used."""
+    run = functools.partial(train_run, pairs, tmp_path, tiny_model_dir, mode, max_steps=30, save_every=5)
+    full = run(out=tmp_path / "full")
     with pytest.raises(KeyboardInterrupt):
-        train_run(pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", stop_at=5, save_every=3)
-    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "checkpoint-3"
-    resumed = train_run(
-        pairs, tmp_path, tiny_model_dir, "stream", out=tmp_path / "cut", resume=True, save_every=3
-    )
+        run(out=tmp_path / "cut", stop_at=27)
+    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "checkpoint-25"
+    resumed = run(out=tmp_path / "cut", resume=True)
     assert_same_weights(full, resumed)
 
 
@@ -195,6 +202,85 @@ def test_bad_rows_are_skipped_and_counted_up_to_the_limit(tmp_path, capsys):
     assert f"{path}:121:" in err and f"{path}:151: column 'positive'" in err and "skipped 2 bad row(s)" in err
     with pytest.raises(DataError, match=f"{path}:151: .*over --max-bad-rows"):
         open_source(path, SourceOptions(mode="mmap", max_bad_rows=1, cache_dir=str(tmp_path / "c"))).take([0])
+
+
+def bad_files(folder, *, per_file=3):
+    """Two JSONL files of 100 rows, each with ``per_file`` bad rows (invalid JSON at lines 10, 20, ...)."""
+    folder.mkdir()
+    paths = []
+    for k in range(2):
+        rows = [json.dumps(r) for r in pair_rows(100, seed=k)]
+        for i in range(per_file):
+            rows[10 * (i + 1) - 1] = '{"anchor": "a cat", '
+        paths.append(folder / f"part-{k}.jsonl")
+        paths[-1].write_text("\n".join(rows) + "\n")
+    return paths
+
+
+def read_all(source):
+    return (
+        [source.rows(start, start + 64) for start in range(0, 256, 64)]
+        if row_count(source) is None
+        else [source.rows(0, row_count(source))]
+    )
+
+
+@pytest.mark.parametrize("mode", ["mmap", "stream"])
+def test_max_bad_rows_counts_every_file_of_the_run(tmp_path, mode, tiny_encoder):
+    """6 bad rows in two files are over --max-bad-rows 4, whether the files are one folder or two tasks (one
+    options object per run); under the limit they are counted once each, however often a stream is read."""
+    paths = bad_files(tmp_path / "shards")
+    folder_options = SourceOptions(mode=mode, window=64, max_bad_rows=4, cache_dir=str(tmp_path / "c1"))
+    with pytest.raises(DataError, match=r"part-1\.jsonl:20:.*over --max-bad-rows"):
+        read_all(open_source(tmp_path / "shards", folder_options))
+    run_options = SourceOptions(mode=mode, window=64, max_bad_rows=4, cache_dir=str(tmp_path / "c2"))
+    with pytest.raises(DataError, match=r"part-1\.jsonl:20:.*over --max-bad-rows"):
+        for path in paths:
+            read_all(open_source(path, run_options))
+    spec = RunSpec(
+        train=[str(p) for p in paths],
+        loss="infonce",
+        data_mode=mode,
+        max_bad_rows=4,
+        data_cache=str(tmp_path / "c4"),
+    )
+    spec.config.shuffle_window = 64
+    with pytest.raises(
+        DataError, match=r"part-1\.jsonl:20:.*over --max-bad-rows"
+    ):  # one count for the run's tasks
+        for task in build_tasks(spec, tiny_encoder):
+            read_all(task.data)
+    enough = SourceOptions(mode=mode, window=64, max_bad_rows=6, cache_dir=str(tmp_path / "c3"))
+    source = open_source(tmp_path / "shards", enough)
+    for _ in range(3):  # three passes over a stream: the same 6 rows, not 18
+        read_all(source)
+    assert enough.bad_rows().count == 6 and row_count(source) == 194
+
+
+@pytest.mark.parametrize("mode", ["mmap", "stream"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_an_undecodable_line_is_a_bad_row_like_any_other(tmp_path, capsys, mode, suffix):
+    rows = pair_rows(200)
+    if suffix == ".jsonl":
+        lines = [json.dumps(r).encode() for r in rows]
+    else:
+        sep = "," if suffix == ".csv" else "\t"
+        lines = [f"anchor{sep}positive".encode()] + [
+            f"{r['anchor']}{sep}{r['positive']}".encode() for r in rows
+        ]
+    lines[150] = b"caf\xe9 au lait" + lines[150][5:]  # Latin-1, not UTF-8: line 151
+    path = tmp_path / f"latin{suffix}"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    options = SourceOptions(mode=mode, window=1000, max_bad_rows=10, cache_dir=str(tmp_path / "c"))
+    source = open_source(path, options)
+    assert len(source.rows(0, 1000)["anchor"]) == 199
+    assert f"{path}:151:4: invalid UTF-8 (byte 0xe9)" in capsys.readouterr().err
+    assert options.bad_rows().count == 1
+    strict = SourceOptions(mode=mode, window=1000, cache_dir=str(tmp_path / "c0"))
+    with pytest.raises(DataError, match=rf"{path}:151:4: invalid UTF-8 .*--max-bad-rows N skips"):
+        open_source(path, strict).rows(0, 1000)
+    with pytest.raises(DataError, match=rf"{path}:151:4: invalid UTF-8"):  # memory: the first bad row stops
+        open_source(path, SourceOptions(mode="memory"))
 
 
 def test_a_ragged_tsv_row_is_reported_with_file_and_line(tmp_path):
