@@ -4,9 +4,11 @@
   each row — one ``score`` per pair file row, a list ``score: [T(q,p), T(q,n_1), …]`` per triplet or mined row —
   so ``margin_mse`` and ``kl_distill`` read them as labels. A cross-encoder gives raw logits (no activation), a
   bi-encoder the cosine.
-- :func:`teacher_embeddings` embeds texts with the teacher into an on-disk cache (the resumable machinery of
-  :mod:`embforge.retrieval.corpus_cache`) keyed by a hash of the teacher's weights and the texts: a second run
-  reads it, a different teacher or other texts get their own entry.
+- :func:`teacher_embeddings` embeds texts with the teacher into an on-disk cache keyed by a hash of the teacher's
+  weights and the texts: a second run reads it, a different teacher or other texts get their own entry. It is the
+  corpus cache (:mod:`embforge.retrieval.corpus_cache`: one mechanism, two users), written in checked shards of
+  :data:`TEACHER_BLOCK` texts as they are computed, so a run killed midway resumes where it stopped, and a damaged
+  shard is computed again.
 - :func:`with_teacher_embeddings` turns a data set into an ``mse_distill`` task's data (its ``score`` column
   holds each row's teacher embeddings).
 
@@ -40,6 +42,9 @@ from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
 if TYPE_CHECKING:
     from embforge.encoder import Encoder
 
+# texts per cached shard: a killed run loses at most this many (about a minute of the general recipe's teacher)
+TEACHER_BLOCK = 512
+
 
 def teacher_tag(teacher: Encoder | CrossEncoder) -> str:
     """What identifies a teacher's outputs: its class, a hash of its weights, pooling and normalisation."""
@@ -57,8 +62,14 @@ def teacher_embeddings(
     """``(len(texts), teacher.dim)`` float32 embeddings, read from / written to ``cache_dir`` when given.
 
     Each (teacher weights, texts) pair gets its own sub-folder ``cache_dir/<key>`` (an
-    :func:`~embforge.retrieval.corpus_cache.encode_corpus` folder, resumable if interrupted); an existing
-    complete entry is read from its shards, not recomputed.
+    :func:`~embforge.retrieval.corpus_cache.encode_corpus` folder of shards of :data:`TEACHER_BLOCK` texts, each
+    written as soon as it is computed): an interrupted run resumes after its last written shard, and a complete
+    entry is read from its shards, not recomputed.
+
+    Embedding tens of thousands of texts takes many minutes, so with a cache this phase says what it does even in a
+    quiet run: a line on stderr (how many texts, which teacher, which cache), then a progress bar unless the whole
+    command is quiet (``--quiet``; then a line per shard). ``show_progress=False`` (a run's ``quiet = true``)
+    silences per-step output, not this.
     """
     texts = list(texts)
     if cache_dir is None:
@@ -66,16 +77,24 @@ def teacher_embeddings(
             teacher.encode(texts, batch_size=batch_size, show_progress=show_progress), dtype=np.float32
         )
     tag = teacher_tag(teacher)
-    key = _cache_key(tag, texts)
+    folder = Path(cache_dir) / _cache_key(tag, texts)
+    name = getattr(teacher, "name_or_path", None) or tag
+
+    def announce(left: int, total: int) -> str:
+        cached = f"; {total - left} of {total} already cached" if left < total else ""
+        return f"embedding {left} texts with the teacher {name} (cache {folder}{cached}) ..."
+
     return np.asarray(
         encode_corpus(
             teacher,
             texts,
             [str(i) for i in range(len(texts))],
-            Path(cache_dir) / key,
+            folder,
             batch_size=batch_size,
+            block_size=TEACHER_BLOCK,
             model_tag=tag,
-            show_progress=show_progress,
+            show_progress=True if show_progress else None,  # None: the command's setting (--quiet or not)
+            announce=announce,
         )
     )
 
@@ -119,12 +138,18 @@ def with_teacher_embeddings(
 
 
 def score_rows(
-    teacher: Encoder | CrossEncoder, data: Dataset, *, batch_size: int = 32, show_progress: bool = True
+    teacher: Encoder | CrossEncoder,
+    data: Dataset,
+    *,
+    batch_size: int = 32,
+    show_progress: bool = True,
+    cache_dir: str | os.PathLike | None = None,
 ) -> list[float] | list[list[float]]:
     """Teacher scores: ``T(a, b)`` per pair row, ``[T(q, c) for c in candidates]`` per row of 3+ text columns.
 
     ``teacher`` is a :class:`~embforge.cross_encoder.CrossEncoder` (raw logits) or an
-    :class:`~embforge.encoder.Encoder` (cosine similarity).
+    :class:`~embforge.encoder.Encoder` (cosine similarity); a bi-encoder's embeddings of the rows' texts are
+    cached in ``cache_dir`` when given (:func:`teacher_embeddings`: resumable).
     """
     columns = data.text_columns
     if len(columns) < 2:
@@ -142,7 +167,9 @@ def score_rows(
         scores = flat.reshape(len(others), len(first)).T
     else:
         unique = sorted({*first, *(t for col in others for t in col)})
-        emb = teacher_embeddings(teacher, unique, batch_size=batch_size, show_progress=show_progress)
+        emb = teacher_embeddings(
+            teacher, unique, cache_dir=cache_dir, batch_size=batch_size, show_progress=show_progress
+        )
         emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         where = {t: i for i, t in enumerate(unique)}
         q = emb[[where[t] for t in first]]

@@ -138,7 +138,8 @@ def scored_file(
 ) -> Path:
     """The JSONL of ``data``'s text columns with the teacher's scores (``[T(q, c) for c in candidates]`` per row
     of 3+ text columns): ``cache_dir/scores-<key>.jsonl``, keyed by the teacher's weights and the rows, written
-    when this teacher has not scored these rows yet (read it with :func:`~embforge.data.tables.read_table`).
+    when this teacher has not scored these rows yet (read it with :func:`~embforge.data.tables.read_table`). A
+    bi-encoder teacher's embeddings of the texts are cached there too, as they are computed (resumable).
 
     It is the file ``embforge score`` writes (same scorer, batch size and writer), so a pipeline task and a file
     scored beforehand train on the same values. ``write=False`` (a torchrun process other than rank 0) only names
@@ -152,7 +153,7 @@ def scored_file(
             digest.update(text.encode() + b"\0")
     path = Path(cache_dir) / f"scores-{digest.hexdigest()[:20]}.jsonl"
     if write and not path.exists():
-        scores = score_rows(teacher, rows, show_progress=show_progress)
+        scores = score_rows(teacher, rows, show_progress=show_progress, cache_dir=cache_dir)
         partial = write_scored(rows, scores, path.with_suffix(f".{os.getpid()}.tmp.jsonl"))  # one per writer
         partial.replace(path)
     return path
