@@ -123,7 +123,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "serve", help="serve embeddings, rerank and search over HTTP", description=__doc__
     )
     add_flags(parser, _MODELS + _INDEX[:1])
-    add_index_kind_arg(parser, default=None)  # after the index folder, before the new index's settings
+    add_index_kind_arg(  # after the index folder, before the new index's settings
+        parser, default=None, note="; without --index, a multi-vector model's in-memory index: exact or plaid"
+    )
     for flags in (_INDEX[1:], _RUNTIME, _SERVER, _BATCHING, _LIMITS):
         add_flags(parser, flags)
     parser.set_defaults(func=run_serve)

@@ -1,71 +1,139 @@
-"""The server of a multi-vector (ColBERT) model: token vectors from ``/v1/embeddings``, MaxSim ``/search``.
+"""How the server serves a multi-vector (ColBERT) model: :class:`MultiVectorServing`, its serving record
+(:mod:`embforge.serve.serving`).
 
-:func:`embforge.serve.app.create_app` hands a multi-vector model here (its kind is declared, :mod:`embforge.kinds`);
-the app is the one of every non-dense kind (:func:`embforge.serve.kind_api.create_kind_app`). Each ``embedding`` is
-the text's token vectors (a list of ``dim``-float lists, masked tokens dropped), as pylate's ``encode`` gives, with
-its number of ``tokens``; ``/search`` is MaxSim top ``k`` over the added documents — exact, or through a PLAID index
-(``index="plaid"``, fast-plaid; rebuilt over the whole corpus after documents are added).
+Each ``/v1/embeddings`` item's ``embedding`` is the text's token vectors (a list of ``dim``-float lists, masked
+tokens dropped, as pylate's ``encode`` gives) with its number of ``tokens``; ``input_type: "query"`` encodes
+queries (``[Q]`` marker, ``[MASK]`` expansion), documents otherwise. ``encoding_format: "base64"`` sends the
+``(tokens, dim)`` little-endian float32 matrix as one base64 string; token vectors have no truncated or quantised
+form (``dimensions``, ``int8`` ... are refused). ``/search`` is MaxSim top ``k`` over the documents added with
+``/index/documents``, kept in memory — exact, or through a PLAID index (``--index-kind plaid``, fast-plaid;
+rebuilt over the whole corpus after documents are added); ``/similarity`` scores a pair by MaxSim (the first text
+as a query, the second as a document).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import base64
 
 import numpy as np
 
+from embforge.modeling.padding import pad_ids
 from embforge.multivector.model import MultiVectorEncoder
-from embforge.multivector.search import MultiVectorIndex, create_multivector_index
-from embforge.serve.kind_api import create_kind_app
+from embforge.multivector.search import MULTIVECTOR_INDEXES, MultiVectorIndex, create_multivector_index
+from embforge.serve.memory_store import MemoryStore
+from embforge.serve.middleware import ApiError
+from embforge.serve.requests import InputType
+from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges
 
-if TYPE_CHECKING:
-    from fastapi import FastAPI
+KIND = "multivector"
+FORMATS = ("float", "base64")
 
 
-class MultiVectorBackend:
-    """A multi-vector model and its documents' token matrices, with the index over them (rebuilt when stale),
-    for :func:`~embforge.serve.kind_api.create_kind_app`."""
+class MaxSimDocuments:
+    """The documents' token matrices and a MaxSim index over them, built on the first search after an add (the
+    memory store's :class:`~embforge.serve.memory_store.KindIndex`)."""
 
-    kind = "multivector"
-
-    def __init__(self, model: MultiVectorEncoder, index: str = "exact") -> None:
-        self.model = model
-        self.dim = model.dim
-        self.index_kind = index
-        self.doc_ids: list[str] = []
-        self.texts: dict[str, str] = {}
+    def __init__(self, kind: str = "exact") -> None:
+        if kind not in MULTIVECTOR_INDEXES:
+            raise ValueError(
+                f"a multi-vector model searches by MaxSim in memory; index kind {kind!r} is not available for it "
+                f"(choose {' or '.join(MULTIVECTOR_INDEXES)})"
+            )
+        self.kind = kind
+        self.ids: list[str] = []
         self.matrices: list[np.ndarray] = []
         self.index: MultiVectorIndex | None = None
 
-    def encode(self, texts: list[str], is_query: bool) -> list[np.ndarray]:
-        return self.model.encode(texts, is_query=is_query)
+    def add(self, ids: list[str], rows: np.ndarray) -> None:
+        self.ids += ids
+        self.matrices += list(rows)
+        self.close()
 
-    def items(self, matrices: list[np.ndarray]) -> tuple[list[dict[str, object]], dict[str, int]]:
-        items = [{"embedding": m.tolist(), "tokens": len(m)} for m in matrices]
-        return items, {"total_tokens": sum(len(m) for m in matrices)}
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        if self.index is None:
+            self.index = create_multivector_index(self.kind)
+            self.index.add(self.ids, self.matrices)
+        return self.index.search(list(queries), min(k, len(self.ids)))
 
-    def ids(self) -> Sequence[str]:
-        return self.doc_ids
-
-    def add(self, ids: list[str], texts: list[str], matrices: list[np.ndarray]) -> None:
-        self.doc_ids += ids
-        self.texts.update(zip(ids, texts))
-        self.matrices += matrices
+    def close(self) -> None:
+        """Drop the index (a PLAID index removes its temporary folder)."""
+        close = getattr(self.index, "close", None)  # only PLAID keeps files
+        if close is not None:
+            close()
         self.index = None
 
-    def search(self, queries: list[np.ndarray], k: int) -> list[list[tuple[str, float]]]:
-        if self.index is None:
-            self.index = create_multivector_index(self.index_kind)
-            self.index.add(self.doc_ids, self.matrices)
-        scores, ids = self.index.search(queries, min(k, len(self.doc_ids)))
-        return [[(d, float(s)) for d, s in zip(found, row)] for row, found in zip(scores, ids)]
 
-    def text(self, doc_id: str) -> str:
-        return self.texts[doc_id]
+class MultiVectorServing:
+    """A multi-vector model as the server serves it (see the module docstring)."""
 
+    name = KIND
+    pair_inputs: tuple[InputType | None, InputType | None] = ("query", "document")
 
-def create_multivector_app(
-    model: MultiVectorEncoder, *, name: str = "colbert", index: str = "exact", max_inputs: int = 2048
-) -> FastAPI:
-    """A FastAPI app serving ``model`` (see the module docstring); ``index``: ``exact`` or ``plaid``."""
-    return create_kind_app(MultiVectorBackend(model, index), name=name, max_inputs=max_inputs)
+    def __init__(self, model: MultiVectorEncoder, *, ranges: np.ndarray | None = None) -> None:
+        refuse_ranges(KIND, ranges)
+        self.model = model
+        self.dim = model.dim
+
+    def batch_items(
+        self, texts: list[str], *, input_type: InputType | None, prompt_name: str | None
+    ) -> tuple[Items, list[int]]:
+        try:
+            prefix = self.model.prompt_text(None, prompt_name)
+        except KeyError as err:
+            raise ApiError(422, str(err.args[0]), "prompt_name") from None
+        ids = self.model.tokenize_ids(texts, is_query=input_type == "query", prefix=prefix)
+        return ids, [len(x) for x in ids]
+
+    def batched(self, max_tokens: int) -> BatchFn:
+        """Token matrices of a batch (one padded forward, as ``encode`` runs), masked tokens dropped."""
+        model = self.model
+
+        def run(ids: Items) -> np.ndarray:
+            with model.inference():
+                matrices = model.padded_forward(*pad_ids(ids, model.pad_token_id, device=model.device))
+                kept = (matrices.abs().sum(-1) > 0).cpu().numpy()
+                arrays = matrices.float().cpu().numpy()
+            return object_rows([matrix[mask] for matrix, mask in zip(arrays, kept)])
+
+        return run
+
+    def check(self, *, encoding_format: str, dimensions: int | None) -> None:
+        if dimensions is not None:
+            raise ApiError(
+                422,
+                "'dimensions' is not available for a multivector model: its token vectors cannot be truncated",
+                "dimensions",
+            )
+        if encoding_format not in FORMATS:
+            raise ApiError(
+                422,
+                f"'encoding_format' {encoding_format} is not available for a multivector model: its token vectors "
+                "are not int8-coded or binarised (use float or base64)",
+                "encoding_format",
+            )
+
+    def answer(
+        self, rows: np.ndarray, *, encoding_format: str, dimensions: int | None
+    ) -> list[dict[str, object]]:
+        if encoding_format == "base64":
+            return [
+                {"embedding": base64.b64encode(m.astype("<f4").tobytes()).decode(), "tokens": len(m)}
+                for m in rows
+            ]
+        return [{"embedding": m, "tokens": len(m)} for m in rows]
+
+    def similarity(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """MaxSim of each (query, document) pair: each query token's best document token, summed."""
+        scores = [float((q @ d.T).max(axis=1).sum()) if len(d) else 0.0 for q, d in zip(first, second)]
+        return np.array(scores, dtype=np.float32)
+
+    def open_store(self, given: SearchStore | None, *, kind: str | None) -> SearchStore | None:
+        if given is not None:
+            raise ValueError(
+                "a multi-vector model keeps its search documents in memory (POST /index/documents); "
+                "--index folders hold one vector per document: serve it without --index"
+            )
+        return MemoryStore(MaxSimDocuments(kind or "exact"))
+
+    def describe(self) -> dict[str, object]:
+        return {}

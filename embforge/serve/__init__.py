@@ -1,8 +1,10 @@
 """The embedding server: ``create_app(...)`` builds a FastAPI app; nothing is loaded or started at import.
 
-Modules: ``config`` (ServeConfig), ``batcher`` (dynamic micro-batching), ``metrics`` (Prometheus text),
-``store`` (documents in SQLite, ``database``, + the vector index beside them, ``vectors``), ``app`` (the endpoints),
-``runner`` (load models, run uvicorn).
+Modules: ``config`` (ServeConfig), ``batcher`` (dynamic micro-batching), ``prometheus`` (metrics text),
+``store`` (documents in SQLite, ``database``, + the vector index beside them, ``vectors``), ``memory_store`` (the
+in-memory documents of sparse and multi-vector models), ``serving`` (the per-kind serving record and its lookup;
+``dense`` is the dense kind's), ``models`` (the served models), ``requests`` (request bodies), ``middleware`` (the
+request gate), ``app`` (the endpoints), ``runner`` (load models, run uvicorn).
 """
 
 from __future__ import annotations

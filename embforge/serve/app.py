@@ -1,13 +1,17 @@
 """``create_app(...)``: the FastAPI app of the embedding server (OpenAI-compatible embeddings, rerank, search).
 
 Endpoints: ``POST /v1/embeddings``, ``POST /rerank``, ``POST /similarity``, ``POST /search``,
-``POST /index/documents``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Several embedders and rerankers
-can be served at once (:mod:`embforge.serve.models`; the request's ``model`` picks one). Model calls go through a
-token-budget :class:`MicroBatcher` per model, so concurrent requests share batches. ``encoding_format`` may ask for
-quantised vectors (``int8``, ``uint8``, ``binary``, ``ubinary``: :mod:`embforge.quantization`). Every input is checked before it joins a batch (a lone surrogate or a NaN is a
-422 naming the field and index), and a batch that still fails is split so only the request that broke it fails.
-Errors are JSON ``{"error": {"message", "type", "param"}}`` with a 4xx status naming the offending field; the
-server keeps serving (and keeps the connection alive) after any of them, 500s included.
+``POST /index/documents``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Every model kind is served by
+this one app — dense, static, sparse (``{indices, values}``) and multi-vector (token vectors) — so auth, limits,
+text checks, queues, metrics and the error format guard every endpoint of every kind; what differs by kind is the
+kind's serving record (:mod:`embforge.serve.serving`). Several embedders and rerankers can be served at once
+(:mod:`embforge.serve.models`; the request's ``model`` picks one). Model calls go through a token-budget
+:class:`MicroBatcher` per model, so concurrent requests share batches. ``encoding_format`` may ask for quantised
+vectors where the kind has them (``int8``, ``uint8``, ``binary``, ``ubinary``: :mod:`embforge.quantization`).
+Every input is checked before it joins a batch (a lone surrogate or a NaN is a 422 naming the field and index), and
+a batch that still fails is split so only the request that broke it fails. Errors are JSON
+``{"error": {"message", "type", "param"}}`` with a 4xx status naming the offending field; the server keeps serving
+(and keeps the connection alive) after any of them, 500s included.
 
 Example:
     >>> from embforge.encoder import Encoder
@@ -18,82 +22,40 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any
 
 import numpy as np
 
 from embforge._optional import require
 from embforge.data.texts import is_blank
-from embforge.kinds import ModelKind, kind_of
-from embforge.modeling.encoding import BatchEncoding
-from embforge.multivector.serve import create_multivector_app
-from embforge.quantization import quantize
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_value, validation_message
 from embforge.serve.models import ModelSet, Reranker, ServedEmbedder, ServedModel, pair_costs
 from embforge.serve.prometheus import Metrics
-from embforge.serve.store import DocumentStore, DuplicateIdError
-from embforge.sparse.serve import create_sparse_app
-
-if TYPE_CHECKING:
-    from embforge.multivector.model import MultiVectorEncoder
-    from embforge.sparse.model import SparseEncoder
-
-    Servable = (
-        BatchEncoding | SparseEncoder | MultiVectorEncoder
-    )  # dense embedders (PyTorch, exported, static); a multi-vector or sparse model gets its own app
+from embforge.serve.requests import (
+    AddDocumentsRequest,
+    EmbeddingRequest,
+    InputType,
+    RerankRequest,
+    SearchRequest,
+    SimilarityRequest,
+)
+from embforge.serve.serving import SearchStore
+from embforge.serve.store import DuplicateIdError
 
 require("fastapi")
 orjson = require("orjson")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import PlainTextResponse, Response  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
-
-class EmbeddingRequest(BaseModel):
-    input: str | list[str]
-    model: str | None = None
-    dimensions: int | None = None
-    encoding_format: Literal["float", "base64", "int8", "uint8", "binary", "ubinary"] = "float"
-    user: str | None = None
-    prompt_name: str | None = None
-
-
-class RerankRequest(BaseModel):
-    query: str
-    documents: list[str | dict[str, object]] | None = None
-    texts: list[str] | None = None
-    top_n: int | None = Field(default=None, ge=1)
-    return_documents: bool = False
-    model: str | None = None
-
-
-class SimilarityRequest(BaseModel):
-    pairs: list[tuple[str, str]]
-    model: str | None = None
-
-
-class SearchRequest(BaseModel):
-    query: str | list[str]
-    top_k: int | None = Field(default=None, ge=1, le=1000)
-    return_text: bool = True
-
-
-class Document(BaseModel):
-    id: str = Field(min_length=1)
-    text: str
-    fields: dict[str, object] = Field(default_factory=dict)
-
-
-class AddDocumentsRequest(BaseModel):
-    documents: list[Document]
+LONG_REQUEST_CHARS = 20_000  # a request longer than this is tokenised off the event loop
 
 
 def _json(payload: Mapping[str, object]) -> Response:
@@ -122,28 +84,12 @@ def _check_body(body: BaseModel, **parts: object) -> None:
         raise ApiError(422, found[1], found[0])
 
 
-def _l2(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
-def _encoded(vectors: np.ndarray, encoding_format: str, ranges: np.ndarray | None) -> list[dict[str, object]]:
-    """The ``data`` items of an embeddings response: float vectors, base64 of little-endian float32, or quantised
-    codes (integer lists, sentence-transformers' ``quantize_embeddings`` semantics)."""
-    if encoding_format == "base64":
-        rows: Sequence[object] = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
-    elif encoding_format == "float":
-        rows = list(vectors)
-    else:
-        rows = list(quantize(vectors, encoding_format, ranges).astype(np.int32))
-    return [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
-
-
 class _Server:
     """What the endpoints share (settings, the served models, the document store, the metrics) and the endpoints
     themselves as methods; :func:`create_app` routes to them (:meth:`routes`)."""
 
     def __init__(
-        self, cfg: ServeConfig, models: ModelSet, store: DocumentStore | None, metrics: Metrics
+        self, cfg: ServeConfig, models: ModelSet, store: SearchStore | None, metrics: Metrics
     ) -> None:
         self.cfg = cfg
         self.models = models
@@ -202,7 +148,7 @@ class _Server:
             out.append(text)
         return out
 
-    async def run(self, served: ServedModel, items: list[Any], costs: list[int]) -> Any:
+    async def run(self, served: ServedModel, items: Sequence[object], costs: list[int]) -> Any:
         try:
             return await asyncio.wait_for(served.batcher.submit(items, costs), self.cfg.request_timeout_s)
         except QueueFull as err:
@@ -217,55 +163,33 @@ class _Server:
                 "timeout",
             ) from err
 
-    async def embed(
-        self, texts: list[str], served: ServedEmbedder | None = None
+    async def encode(
+        self,
+        served: ServedEmbedder,
+        texts: list[str],
+        input_type: InputType | None,
+        prompt_name: str | None = None,
     ) -> tuple[np.ndarray, list[int]]:
-        """Vectors and token counts of ``texts``: tokenised here (the batch cost), embedded in token batches."""
-        served = served or self.default
-        if sum(len(t) for t in texts) > 20_000:  # a long request is tokenised off the event loop
-            ids = await asyncio.to_thread(served.model.tokenize_ids, texts)
+        """The rows (one per text, as the model's kind gives them) and token counts of ``texts``: tokenised here
+        (the batch cost), run in token batches."""
+        serving = served.serving
+        if sum(len(t) for t in texts) > LONG_REQUEST_CHARS:
+            ids, costs = await asyncio.to_thread(
+                serving.batch_items, texts, input_type=input_type, prompt_name=prompt_name
+            )
         else:
-            ids = served.model.tokenize_ids(texts)
-        lengths = [len(x) for x in ids]
-        return await self.run(served, ids, lengths), lengths
-
-    def prefix(self, served: ServedEmbedder, name: str | None, field: str = "prompt_name") -> str:
-        if name is None:
-            return ""
-        prompts = served.model.prompts
-        if name not in prompts:
-            known = ", ".join(sorted(prompts)) or "none"
-            raise ApiError(422, f"unknown prompt name {name!r}; this model has: {known}", field)
-        return prompts[name]
+            ids, costs = serving.batch_items(texts, input_type=input_type, prompt_name=prompt_name)
+        return await self.run(served, ids, costs), costs
 
     async def embeddings(self, body: EmbeddingRequest) -> Response:
         served = self.models.embedder(body.model)
         inputs = [body.input] if isinstance(body.input, str) else body.input
         _check_body(body, input=inputs)
         texts = self.check_texts(inputs, "input")
-        dim = int(served.model.dim)
-        if body.dimensions is not None and not 0 < body.dimensions <= dim:
-            raise ApiError(
-                422, f"'dimensions' must be between 1 and {dim}, got {body.dimensions}", "dimensions"
-            )
-        cut = body.dimensions is not None and body.dimensions < dim
-        scalar = body.encoding_format in ("int8", "uint8")
-        if scalar and (served.ranges is None or cut):
-            why = (
-                "with 'dimensions' (its calibration ranges are for full vectors)"
-                if cut
-                else "for this model: it has no calibration ranges (start the server with --calibration FILE)"
-            )
-            raise ApiError(
-                422, f"'encoding_format' {body.encoding_format} is not available {why}", "encoding_format"
-            )
-        start = self.prefix(served, body.prompt_name)
-        vectors, tokens = await self.embed([start + t for t in texts] if start else texts, served)
-        if cut:
-            vectors = vectors[:, : body.dimensions]
-            if served.model.normalize:
-                vectors = _l2(vectors)
-        data = _encoded(np.ascontiguousarray(vectors, dtype=np.float32), body.encoding_format, served.ranges)
+        served.serving.check(encoding_format=body.encoding_format, dimensions=body.dimensions)
+        rows, tokens = await self.encode(served, texts, body.input_type, body.prompt_name)
+        items = served.serving.answer(rows, encoding_format=body.encoding_format, dimensions=body.dimensions)
+        data = [{"object": "embedding", "index": i, **item} for i, item in enumerate(items)]
         used = int(sum(tokens))
         return _json(
             {
@@ -304,19 +228,30 @@ class _Server:
         return {"model": served.name, "results": results}
 
     async def similarity(self, body: SimilarityRequest) -> dict[str, object]:
+        """Each pair's score as the model's kind scores two texts (dense: cosine; sparse and multi-vector: the
+        first text as a query against the second as a document, as ``/search`` ranks)."""
         served = self.models.embedder(body.model)
         if not body.pairs:
             raise ApiError(422, "'pairs' must not be empty", "pairs")
         _check_body(body)
         unique = list(dict.fromkeys(t for pair in body.pairs for t in pair))
-        self.check_texts(unique, "pairs")
-        vectors, _ = await self.embed(unique, served)
-        vectors = _l2(np.asarray(vectors, dtype=np.float32))
-        pos = {t: i for i, t in enumerate(unique)}
-        scores = [float(vectors[pos[a]] @ vectors[pos[b]]) for a, b in body.pairs]
-        return {"model": served.name, "scores": scores}
+        checked = dict(zip(unique, self.check_texts(unique, "pairs")))
+        sides = served.serving.pair_inputs  # how each side of a pair is encoded
+        wanted = list(dict.fromkeys((side, text) for pair in body.pairs for side, text in zip(sides, pair)))
+        by_side: dict[InputType | None, list[str]] = {}
+        for side, text in wanted:
+            by_side.setdefault(side, []).append(text)
+        rows: list[np.ndarray] = []
+        for side, texts in by_side.items():
+            rows.append((await self.encode(served, [checked[t] for t in texts], side))[0])
+        place = {key: i for i, key in enumerate((side, t) for side, texts in by_side.items() for t in texts)}
+        every = np.concatenate(rows)
+        first = every[[place[(sides[0], a)] for a, _ in body.pairs]]
+        second = every[[place[(sides[1], b)] for _, b in body.pairs]]
+        scores = served.serving.similarity(first, second)
+        return {"model": served.name, "scores": [float(s) for s in scores]}
 
-    def need_store(self) -> DocumentStore:
+    def need_store(self) -> SearchStore:
         if self.store is None:
             raise ApiError(
                 501, "no index is loaded; start the server with --index DIR", None, "not_available"
@@ -328,10 +263,9 @@ class _Server:
         queries = [body.query] if isinstance(body.query, str) else body.query
         _check_body(body, query=queries)
         queries = self.check_texts(queries, "query")
-        start = self.default.model.prompts.get("query", "")
-        vectors, _ = await self.embed([start + q for q in queries])
+        rows, _ = await self.encode(self.default, queries, "query")
         k = body.top_k or self.cfg.default_top_k
-        hits = await asyncio.to_thread(docs.search, vectors, k, with_text=body.return_text)
+        hits = await asyncio.to_thread(docs.search, rows, k, with_text=body.return_text)
         return {
             "model": self.default.name,
             "results": [{"query": q, "hits": h} for q, h in zip(queries, hits)],
@@ -345,12 +279,10 @@ class _Server:
         dup = docs.duplicates(ids)
         if dup:  # cheap early answer; the store checks again, atomically, when it writes
             raise _conflict(dup[0], ids[dup[0]])
-        prompts = self.default.model.prompts
-        start = prompts.get("document") or prompts.get("passage") or ""
-        vectors, _ = await self.embed([start + t for t in texts])
+        rows, _ = await self.encode(self.default, texts, "document")
         items = [{"id": d.id, "text": t, "fields": d.fields} for d, t in zip(body.documents, texts)]
         try:
-            await asyncio.to_thread(docs.add, items, vectors)
+            await asyncio.to_thread(docs.add, items, rows)
         except DuplicateIdError as err:
             raise _conflict(err.position, err.key) from err
         return {"added": len(items), "total": len(docs)}
@@ -359,8 +291,10 @@ class _Server:
         return {
             "status": "ok",
             "model": self.default.name,
+            "kind": self.default.serving.name,
             "dim": self.default.dim,
             "backend": self.default.backend,
+            "precision": self.default.precision,
             "reranker": bool(self.models.rerankers),
             "models": [m.name for m in self.models.all()],
             "documents": len(self.store) if self.store is not None else None,
@@ -371,29 +305,6 @@ class _Server:
 
     async def metrics_text(self) -> PlainTextResponse:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
-
-
-def _other_kind_app(model: object, store: DocumentStore | None, cfg: ServeConfig) -> FastAPI | None:
-    """The app of a multi-vector (token vectors, MaxSim) or sparse (SPLADE) model, else None (a dense embedder)."""
-    only = next(iter(model.values())) if isinstance(model, Mapping) and len(model) == 1 else model
-    if isinstance(only, Mapping):
-        return None
-    name = next(iter(model)) if isinstance(model, Mapping) else cfg.model_name
-    if kind_of(only) == ModelKind.MULTIVECTOR:
-        if store is not None:
-            raise ValueError(
-                "a multi-vector model keeps its search documents in memory (POST /index/documents); "
-                "--index folders hold one vector per document: serve it without --index"
-            )
-        return create_multivector_app(cast("MultiVectorEncoder", only), name=name, max_inputs=cfg.max_inputs)
-    if kind_of(only) == ModelKind.SPARSE:  # {indices, values} embeddings and an inverted index
-        if store is not None:
-            raise ValueError(
-                "a sparse model keeps its search documents in an in-memory inverted index (POST "
-                "/index/documents); --index folders hold dense vectors: serve it without --index"
-            )
-        return create_sparse_app(cast("SparseEncoder", only), name=name, max_inputs=cfg.max_inputs)
-    return None
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -418,52 +329,49 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(
-    model: Servable | Mapping[str, Servable],
+    model: object | Mapping[str, object],
     *,
     reranker: Reranker | Mapping[str, Reranker] | None = None,
-    store: DocumentStore | None = None,
+    store: SearchStore | None = None,
     config: ServeConfig | None = None,
     ranges: Mapping[str, np.ndarray | None] | None = None,
+    index_kind: str | None = None,
 ) -> FastAPI:
     """Build the server app.
 
     Args:
-        model: An embedder — :class:`~embforge.encoder.Encoder` (torch), or an exported runtime
-            (:class:`~embforge.onnx.runtime.OnnxEncoder`, OpenVINO) — or several as ``{name: model}``
-            (the first is the default and the one ``/search`` uses).
+        model: An embedding model of any kind — a dense :class:`~embforge.encoder.Encoder` (torch) or exported
+            runtime (:class:`~embforge.onnx.runtime.OnnxEncoder`, OpenVINO), a static, sparse or multi-vector
+            model — or several as ``{name: model}`` (the first is the default and the one ``/search`` uses).
         reranker: Optional :class:`~embforge.cross_encoder.CrossEncoder` or
             :class:`~embforge.onnx.runtime.OnnxCrossEncoder` for ``/rerank``, or several by name.
-        store: Optional :class:`DocumentStore` for ``/search`` and ``/index/documents`` (saved at shutdown).
+        store: Optional :class:`~embforge.serve.store.DocumentStore` for ``/search`` and ``/index/documents`` of a
+            dense default model (saved at shutdown). A sparse or multi-vector default model keeps its documents in
+            memory instead (an ``--index`` folder holds one vector per document: giving one is an error).
         config: Limits, batching, auth (default :class:`ServeConfig`).
         ranges: int8/uint8 calibration ranges by embedder name (default: those saved beside each model).
+        index_kind: The in-memory index of a default model that keeps its documents in memory (multi-vector:
+            ``exact`` or ``plaid``); a dense model's index kind is its ``store``'s.
 
     Returns:
         A FastAPI app; its lifespan starts the batching workers and, at shutdown, finishes queued requests and
         saves the store.
     """
     cfg = config or ServeConfig()
-    other = _other_kind_app(model, store, cfg)
-    if other is not None:
-        return other
     metrics = Metrics()
-    given = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
-    embedders = {name: one for name, one in given.items() if isinstance(one, BatchEncoding)}
-    if len(embedders) < len(given):
-        other_kinds = ", ".join(sorted(set(given) - set(embedders)))
-        raise ValueError(
-            f"several models in one server are dense embedders; {other_kinds} is a sparse or multi-vector model: "
-            "serve it on its own"
-        )
+    embedders = dict(model) if isinstance(model, Mapping) else {cfg.model_name: model}
     rerankers: dict[str, Reranker] = {}
     if isinstance(reranker, Mapping):
         rerankers = dict(reranker)
     elif reranker is not None:
         rerankers = {cfg.reranker_name or "reranker": reranker}
     models = ModelSet(embedders, rerankers, cfg, ranges=ranges, on_batch=metrics.observe_batch)
-    server = _Server(cfg, models, store, metrics)
+    default = next(iter(models.embedders.values()))
+    searched = default.serving.open_store(store, kind=index_kind)
+    server = _Server(cfg, models, searched, metrics)
     app = FastAPI(title="embforge", lifespan=server.lifespan)
     app.state.metrics = metrics
-    app.state.store = store
+    app.state.store = searched
     app.state.models = models
     _add_error_handlers(app)
     for method, path, endpoint in server.routes():

@@ -20,7 +20,8 @@ class ServeConfig:
         max_chars: Most characters in one text; longer gets 413 unless ``truncate`` is set.
         truncate: Cut texts longer than ``max_chars`` instead of rejecting them.
         max_body_bytes: Largest request body; larger gets 413 before it is parsed.
-        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``; an empty key
+            is an error (it would switch auth off).
         request_timeout_s: A request waiting longer than this for the model gets 503.
         default_top_k: ``top_k`` of ``/search`` when the request does not say.
         reranker_name: Name reported by ``/rerank`` (the CLI uses ``--reranker``).
@@ -62,6 +63,11 @@ class ServeConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServeConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError(
+                "the API key (--api-key) is empty or only whitespace: give a key, or leave --api-key out to "
+                "serve without auth"
+            )
         if self.max_wait_ms < 0 or self.request_timeout_s <= 0:
             raise ValueError("ServeConfig.max_wait_ms must be >= 0 and request_timeout_s > 0")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):

@@ -1,13 +1,12 @@
 """The models one server holds: embedders and rerankers by name, each with its own batcher, queue and limits.
 
-A request's ``model`` field picks one (``/v1/models`` lists them); a server with a single embedder (or reranker)
-answers any name with it, as a one-model server always did. Each model has its own :class:`MicroBatcher`, so one
-model's full queue (429) or slow batches never hold up another's requests.
+A request's ``model`` field picks one (``/v1/models`` lists them): a name the server does not serve is a 404, one
+model or several; without a ``model`` field the first of each kind answers. Each model has its own
+:class:`MicroBatcher`, so one model's full queue (429) or slow batches never hold up another's requests.
 
-Embedders are batched by token cost: the server tokenises a request's texts, queues the token-id lists with their
-lengths, and the batch runs through the model's batched forward — the padding-free packed forward of a PyTorch
-:class:`~embforge.encoder.Encoder` (``embed_ids``), or padded calls of an exported graph (``embed_batch``), the batch
-cut where the padded tokens saved pay for another call (:func:`width_groups`).
+An embedder of any kind (dense, static, sparse, multi-vector) is served through its kind's serving record
+(:mod:`embforge.serve.serving`): the server tokenises a request's texts, queues the token-id lists with their
+lengths (the batch cost), and each batch runs through the record's batched function.
 """
 
 from __future__ import annotations
@@ -25,82 +24,11 @@ from embforge.onnx.runtime import ExportedEncoder, OnnxCrossEncoder
 from embforge.serve.batcher import MicroBatcher
 from embforge.serve.config import ServeConfig
 from embforge.serve.middleware import ApiError
+from embforge.serve.serving import KindServing, serving_for
 from embforge.static.model import StaticEncoder
 
-EMBEDDING = "embedding"
 RERANK = "rerank"
 Reranker = CrossEncoder | OnnxCrossEncoder  # OpenVINO's cross-encoder is an OnnxCrossEncoder
-Runtime = BatchEncoding | Reranker
-
-
-# a padded call's fixed cost in padded tokens: MiniLM int8 on an OpenVINO stream took ~1.5 ms a call beside ~90 us a
-# padded token; 8, 16 and 32 served short texts alike at 16 and 64 clients, 64 was slower (benchmarks/README.md,
-# 2026-11-27)
-CALL_TOKENS = 16
-
-
-def width_groups(lengths: Sequence[int], *, step: int = 1, call_tokens: int = CALL_TOKENS) -> list[range]:
-    """Cut items of ascending token ``lengths`` into consecutive groups, one padded call each, at the fewest padded
-    tokens plus ``call_tokens`` a call (a call pads to its longest item, rounded up to a multiple of ``step``).
-
-    Short texts padded to the width of the batch's longest one cost as much as that many long texts: on short
-    STS-B sentences a batch of 32 padded to 16-token multiples was 46 % real tokens. The cuts can only pay where
-    the padded width changes; the cheapest set of them comes from a dynamic programme over those points (a handful
-    for short texts, so it costs microseconds).
-
-    >>> width_groups([5, 6, 7, 40])  # one 40-token call for the three short ones would cost 160 tokens
-    [range(0, 3), range(3, 4)]
-    >>> width_groups([5, 6, 7, 40], step=16)  # widths 16, 16, 16, 48
-    [range(0, 3), range(3, 4)]
-    >>> width_groups([30, 31, 32])  # cutting saves fewer tokens than a call costs
-    [range(0, 3)]
-    """
-    if not lengths:
-        return []
-    widths = [-(-n // step) * step for n in lengths]
-    ends = [i for i in range(1, len(widths)) if widths[i] != widths[i - 1]] + [len(widths)]
-    best: dict[int, tuple[int, int]] = {0: (0, 0)}  # end -> (cost of the items before it, start of its group)
-    for end in ends:
-        width = widths[end - 1]
-        best[end] = min((best[start][0] + call_tokens + (end - start) * width, start) for start in best)
-    groups = []
-    end = len(widths)
-    while end > 0:
-        start = best[end][1]
-        groups.append(range(start, end))
-        end = start
-    return groups[::-1]
-
-
-def embed_fn(model: BatchEncoding, max_tokens: int) -> Callable[[list[list[int]]], np.ndarray]:
-    """``token-id lists -> (n, dim) float32`` through ``model``'s batched forward (see the module docstring)."""
-    if not isinstance(model, (Encoder, StaticEncoder)):  # an exported graph: padded calls by width
-        return padded_fn(model)
-    import torch
-
-    model.eval()
-
-    def run(ids: list[list[int]]) -> np.ndarray:
-        with torch.inference_mode():
-            return model.embed_ids(ids, max_tokens=max_tokens).float().cpu().numpy()
-
-    return run
-
-
-def padded_fn(model: BatchEncoding) -> Callable[[list[list[int]]], np.ndarray]:
-    """``token-id lists -> (n, dim) float32`` through a padded graph: the batch sorted by length and cut by
-    :func:`width_groups`, the calls one after another on the batcher's thread (its stream)."""
-    step = model.width_step if isinstance(model, ExportedEncoder) else 1
-
-    def run(ids: list[list[int]]) -> np.ndarray:
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        out = np.empty((len(ids), model.dim), dtype=np.float32)
-        for group in width_groups([len(ids[i]) for i in order], step=step):
-            rows = [order[i] for i in group]
-            out[rows] = model.embed_batch([ids[i] for i in rows])
-        return out
-
-    return run
 
 
 def score_fn(model: Reranker) -> Callable[[list[tuple[str, str]]], np.ndarray]:
@@ -124,18 +52,24 @@ class ServedModel:
 
 @dataclass
 class ServedEmbedder(ServedModel):
-    """An embedding model (dense: PyTorch, exported graph or static) and its int8/uint8 calibration ranges."""
+    """An embedding model of any kind, served through its kind's record (:mod:`embforge.serve.serving`); its
+    ``precision`` (``fp32``, ``int8`` ...) is what the vectors it answers are computed in."""
 
-    model: BatchEncoding
-    ranges: np.ndarray | None = None
+    serving: KindServing
+    precision: str
 
     @property
     def dim(self) -> int:
-        return int(self.model.dim)
+        return self.serving.dim
 
     def describe(self) -> dict[str, object]:
-        formats = ["binary", "ubinary"] + (["int8", "uint8"] if self.ranges is not None else [])
-        return {**super().describe(), "kind": EMBEDDING, "dim": self.dim, "quantized_formats": formats}
+        entry = {
+            **super().describe(),
+            "precision": self.precision,
+            "kind": self.serving.name,
+            "dim": self.dim,
+        }
+        return {**entry, **self.serving.describe()}
 
 
 @dataclass
@@ -156,7 +90,7 @@ class ModelSet:
 
     def __init__(
         self,
-        embedders: Mapping[str, BatchEncoding],
+        embedders: Mapping[str, object],
         rerankers: Mapping[str, Reranker],
         config: ServeConfig,
         *,
@@ -168,13 +102,7 @@ class ModelSet:
         self.config = config
         self.on_batch = on_batch
         self.embedders = {
-            name: ServedEmbedder(
-                name,
-                self._batcher(embed_fn(model, config.max_batch_tokens), _label("embedding", name, i), model),
-                _backend(model),
-                model,
-                _ranges((ranges or {}).get(name), model),
-            )
+            name: self._embedder(name, model, (ranges or {}).get(name), i)
             for i, (name, model) in enumerate(embedders.items())
         }
         self.rerankers = {
@@ -187,7 +115,15 @@ class ModelSet:
             for i, (name, model) in enumerate(rerankers.items())
         }
 
-    def _batcher(self, fn: Callable[[list[Any]], np.ndarray], label: str, model: Runtime) -> MicroBatcher:
+    def _embedder(self, name: str, model: object, ranges: np.ndarray | None, position: int) -> ServedEmbedder:
+        """``model`` served through its kind's record (int8/uint8 ranges: given, or saved beside a dense model)."""
+        ranges = _ranges(ranges, model) if isinstance(model, BatchEncoding) else ranges
+        serving = serving_for(model, ranges=ranges)
+        fn = serving.batched(self.config.max_batch_tokens)
+        batcher = self._batcher(fn, _label("embedding", name, position), model)
+        return ServedEmbedder(name, batcher, _backend(model), serving, _precision(model))
+
+    def _batcher(self, fn: Callable[[list[Any]], np.ndarray], label: str, model: object) -> MicroBatcher:
         cfg, on_batch = self.config, self.on_batch
         return MicroBatcher(
             fn,
@@ -229,18 +165,32 @@ def _label(kind: str, name: str, position: int) -> str:
     return kind if position == 0 else f"{kind}:{name}"
 
 
-def _backend(model: Runtime) -> str:
+def _backend(model: object) -> str:
     """``torch``, ``onnx`` or ``openvino``: the runtime a loaded model runs on."""
     return model.backend if isinstance(model, (ExportedEncoder, OnnxCrossEncoder)) else "torch"
 
 
-def _streams(model: Runtime) -> int:
+def _precision(model: object) -> str:
+    """What an embedder computes in: an exported graph's ``fp32`` or ``int8`` (any graph but the export's fp32 one
+    is quantised: ``model_int8.onnx``, OpenVINO's static int8 IR), a PyTorch model's parameter type."""
+    if isinstance(model, ExportedEncoder):
+        return "fp32" if model.graph.name == model.meta["files"].get("fp32") else "int8"
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        dtype = next(model.parameters()).dtype
+        return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+    return "fp32"
+
+
+def _streams(model: object) -> int:
     """Batches the model may run at once: an OpenVINO runtime's inference streams, else 1."""
     return model.parallel_batches if isinstance(model, (BatchEncoding, OnnxCrossEncoder)) else 1
 
 
 def _pick(models: dict[str, Served], name: str | None, kind: str) -> Served:
-    if name is None or len(models) == 1:
+    """The model named ``name`` (the first when no name is given); a name this server does not serve is a 404."""
+    if name is None:
         return next(iter(models.values()))
     if name not in models:
         known = ", ".join(models)

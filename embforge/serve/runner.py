@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -91,8 +92,9 @@ def serve(
     """Load the models, open the index, build the app and serve it until SIGINT/SIGTERM.
 
     ``index`` is a folder in the one index format (:mod:`embforge.serve.store`; ``embforge index build`` writes
-    it, or the server starts an empty one there). ``index_kind``/``index_options`` pick the index of a new folder;
-    an existing folder of another kind is an error naming both, and one built by another model is refused unless
+    it, or the server starts an empty one there). ``index_kind``/``index_options`` pick the index of a new folder
+    (without ``index``, ``index_kind`` picks the in-memory index of a model that keeps its documents in memory:
+    a multi-vector model's ``exact`` or ``plaid``); an existing folder of another kind is an error naming both, and one built by another model is refused unless
     ``allow_model_mismatch``; ``compact_bytes`` of log start a background compaction. On shutdown uvicorn stops accepting connections, waits up to
     ``graceful_timeout_s`` for in-flight requests, then the app's lifespan drains the batch queues and compacts
     the index. ``model``/``reranker`` may name several models (``{name: path}``; requests pick one by its
@@ -110,13 +112,8 @@ def serve(
     # the tokenizers library's thread pool only adds hand-offs there (16 clients: +12-15 % texts/s without it)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = config or ServeConfig()
-    if cfg.api_key is None and os.environ.get(API_KEY_ENV):
-        cfg.api_key = os.environ[API_KEY_ENV]
-    texts = None
-    if calibration:
-        from embforge.quantization import read_texts
-
-        texts = read_texts(calibration)
+    cfg.api_key = api_key(cfg.api_key)
+    texts = _calibration_texts(calibration)
     encoders, ranges, path = _load_embedders(
         model, cfg, backend=backend, threads=threads, calibration=texts, streams=streams
     )
@@ -133,7 +130,11 @@ def serve(
             allow_model_mismatch=allow_model_mismatch,
             compact_bytes=compact_bytes,
         )
-    app = create_app(encoders, reranker=scorers or None, store=store, config=cfg, ranges=ranges)
+    kind = None if index else index_kind  # without a folder: the in-memory index of the model's kind
+    app = create_app(
+        encoders, reranker=scorers or None, store=store, config=cfg, ranges=ranges, index_kind=kind
+    )
+    announce(app, host=host, port=port)
     server = uvicorn.Server(
         uvicorn_config(
             app, cfg, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout_s
@@ -147,6 +148,42 @@ def serve(
     # (exit status -15, a failure to a process manager); after a graceful drain both end here, and serve returns
     with contextlib.suppress(KeyboardInterrupt), _sigterm_handled():
         server.run()
+
+
+def _calibration_texts(calibration: str | None) -> list[str] | None:
+    """The texts of a ``--calibration`` file (one a line), or ``None``."""
+    if not calibration:
+        return None
+    from embforge.quantization import read_texts
+
+    return read_texts(calibration)
+
+
+def api_key(given: str | None) -> str | None:
+    """The key requests must send: ``given`` (``--api-key``), else ``EMBFORGE_API_KEY`` when it is set; an empty
+    one (or only whitespace) is an error naming where it came from — it would switch auth off."""
+    if given is None and API_KEY_ENV in os.environ:
+        given = os.environ[API_KEY_ENV]
+        if not given.strip():
+            raise ValueError(
+                f"{API_KEY_ENV} is set but empty: give it a key, or unset it to serve without auth"
+            )
+    if given is not None and not given.strip():
+        raise ValueError("--api-key is empty or only whitespace: give a key, or leave --api-key out")
+    return given
+
+
+def announce(app: FastAPI, *, host: str, port: int) -> None:
+    """One start-up line per embedder on stderr: its kind, backend and precision (and, for int8, how to get exact
+    vectors)."""
+    for served in app.state.models.embedders.values():
+        line = (
+            f"embforge serve: {served.name!r} on http://{host}:{port}: {served.serving.name}, "
+            f"backend {served.backend}, precision {served.precision}"
+        )
+        if served.precision == "int8":
+            line += " (int8-quantised vectors; --backend onnx or --backend torch serves exact ones)"
+        print(line, file=sys.stderr, flush=True)
 
 
 def _load_embedders(

@@ -103,7 +103,7 @@ def _unit(x: np.ndarray, dim: int, n: int) -> np.ndarray:
     return array / np.maximum(np.linalg.norm(array, axis=-1, keepdims=True), 1e-12)
 
 
-def _row(position: int, doc: Mapping[str, object]) -> tuple[str, str, str]:
+def document_row(position: int, doc: Mapping[str, object]) -> tuple[str, str, str]:
     """``(id, text, fields JSON)`` of one added document, or a ``ValueError`` saying why it cannot be stored."""
     key, text, fields = doc.get("id"), doc.get("text"), doc.get("fields") or {}
     if not isinstance(key, str) or not key:
@@ -345,7 +345,7 @@ class DocumentStore:
         """
         if self._writer is None:
             raise ValueError(f"{self.folder}: the store was opened read-only")
-        rows = [_row(i, d) for i, d in enumerate(documents)]
+        rows = [document_row(i, d) for i, d in enumerate(documents)]
         unit = _unit(vectors, self.dim, len(rows))
         ids = [row[0] for row in rows]
         with self._write_lock, self._shared():

@@ -1,25 +1,30 @@
-"""The server of a sparse (SPLADE) model: ``{indices, values}`` from ``/v1/embeddings``, inverted-index ``/search``.
+"""How the server serves a sparse (SPLADE) model: :class:`SparseServing`, its serving record
+(:mod:`embforge.serve.serving`).
 
-:func:`embforge.serve.app.create_app` hands a sparse model here (its kind is declared, :mod:`embforge.kinds`); the
-app is the one of every non-dense kind (:func:`embforge.serve.kind_api.create_kind_app`). Each ``embedding`` is
-``{"indices": [...], "values": [...], "dim": vocab}`` — the active vocabulary dimensions and their weights (queries
-of an inference-free model come from its query table); ``/search`` ranks by dot product
-(:class:`~embforge.sparse.index.SparseIndex`).
+Each ``/v1/embeddings`` item's ``embedding`` is ``{"indices": [...], "values": [...], "dim": vocab}`` — the active
+vocabulary dimensions (ascending) and their weights; ``input_type: "query"`` encodes queries (through the query
+table of an inference-free model, with the model's ``query`` prompt), documents otherwise. A sparse vector has no
+truncated, quantised or base64 form: ``dimensions`` and an ``encoding_format`` other than ``float`` are refused.
+``/search`` ranks the documents added with ``/index/documents`` by dot product through an in-memory inverted index
+(:class:`~embforge.sparse.index.SparseIndex`); ``/similarity`` scores a pair as ``/search`` would (the first text
+as a query, the second as a document).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
+import numpy as np
 import scipy.sparse as sp
 
-from embforge.serve.kind_api import create_kind_app
+from embforge.serve.memory_store import MemoryStore
+from embforge.serve.middleware import ApiError
+from embforge.serve.requests import InputType
+from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges
 from embforge.sparse.index import SparseIndex
-from embforge.sparse.model import SparseEncoder
+from embforge.sparse.model import SparseEncoder, mark_queries
 
-if TYPE_CHECKING:
-    from fastapi import FastAPI
+KIND = "sparse"
 
 
 class SparseItem(TypedDict):
@@ -45,41 +50,102 @@ def sparse_items(vectors: sp.csr_matrix) -> list[SparseItem]:
     ]
 
 
-class SparseBackend:
-    """A sparse model and its inverted index, for :func:`~embforge.serve.kind_api.create_kind_app`."""
+def stacked(rows: np.ndarray) -> sp.csr_matrix:
+    """The ``(n, vocab)`` matrix of an object array of one-row sparse matrices."""
+    return sp.csr_matrix(sp.vstack(list(rows), format="csr"), dtype=np.float32)
 
-    kind = "sparse"
 
-    def __init__(self, model: SparseEncoder) -> None:
+class InvertedDocuments:
+    """The documents' sparse rows in an inverted index (the memory store's :class:`KindIndex`)."""
+
+    kind = "inverted"
+
+    def __init__(self, dim: int) -> None:
+        self.index = SparseIndex(dim)
+
+    def add(self, ids: list[str], rows: np.ndarray) -> None:
+        self.index.add(ids, stacked(rows))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        scores, positions = self.index.search(stacked(queries), k)
+        return scores, [[self.index.ids[p] for p in row] for row in positions.tolist()]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class SparseServing:
+    """A sparse model as the server serves it (see the module docstring)."""
+
+    name = KIND
+    pair_inputs: tuple[InputType | None, InputType | None] = ("query", "document")
+
+    def __init__(self, model: SparseEncoder, *, ranges: np.ndarray | None = None) -> None:
+        refuse_ranges(KIND, ranges)
         self.model = model
         self.dim = model.dim
-        self.index = SparseIndex(model.dim)
-        self.texts: dict[str, str] = {}
 
-    def encode(self, texts: list[str], is_query: bool) -> sp.csr_matrix:
-        return self.model.encode_query(texts) if is_query else self.model.encode_document(texts)
+    def batch_items(
+        self, texts: list[str], *, input_type: InputType | None, prompt_name: str | None
+    ) -> tuple[Items, list[int]]:
+        query = input_type == "query"
+        name = prompt_name
+        if name is None and (input_type or "document") in self.model.prompts:
+            name = input_type or "document"
+        try:
+            prefix = self.model.prompt_text(None, name)
+        except KeyError as err:
+            raise ApiError(422, str(err.args[0]), "prompt_name") from None
+        ids = self.model.tokenize_ids(texts, prefix=prefix)
+        return (mark_queries(self.model, ids) if query else ids), [len(x) for x in ids]
 
-    def items(self, vectors: sp.csr_matrix) -> tuple[list[dict[str, object]], dict[str, int]]:
-        return [{"embedding": item} for item in sparse_items(vectors)], {"active_dims": int(vectors.nnz)}
+    def batched(self, max_tokens: int) -> BatchFn:
+        model = self.model
 
-    def ids(self) -> Sequence[str]:
-        return self.index.ids
+        def run(ids: Items) -> np.ndarray:
+            with model.inference():
+                dense = model.forward_ids(ids, max_tokens=max_tokens, seed=None, places=list(range(len(ids))))
+            matrix = sp.csr_matrix(dense.float().cpu().numpy())
+            return object_rows([matrix[i] for i in range(matrix.shape[0])])
 
-    def add(self, ids: list[str], texts: list[str], vectors: sp.csr_matrix) -> None:
-        self.index.add(ids, vectors)
-        self.texts.update(zip(ids, texts))
+        return run
 
-    def search(self, vectors: sp.csr_matrix, k: int) -> list[list[tuple[str, float]]]:
-        scores, positions = self.index.search(vectors, k)
-        return [
-            [(self.index.ids[p], s) for p, s in zip(found, row)]
-            for row, found in zip(scores.tolist(), positions.tolist())
-        ]
+    def check(self, *, encoding_format: str, dimensions: int | None) -> None:
+        if dimensions is not None:
+            raise ApiError(
+                422,
+                "'dimensions' is not available for a sparse model: a sparse vector cannot be truncated (its "
+                "dimensions are vocabulary terms)",
+                "dimensions",
+            )
+        if encoding_format != "float":
+            raise ApiError(
+                422,
+                f"'encoding_format' {encoding_format} is not available for a sparse model: a sparse vector cannot "
+                "be int8-coded, binarised or sent as base64; it is sent as {indices, values} (use float)",
+                "encoding_format",
+            )
 
-    def text(self, doc_id: str) -> str:
-        return self.texts[doc_id]
+    def answer(
+        self, rows: np.ndarray, *, encoding_format: str, dimensions: int | None
+    ) -> list[dict[str, object]]:
+        return [{"embedding": item} for item in sparse_items(stacked(rows))]
 
+    def similarity(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """Dot product of each (query, document) pair."""
+        return np.asarray(stacked(first).multiply(stacked(second)).sum(axis=1), dtype=np.float32).ravel()
 
-def create_sparse_app(model: SparseEncoder, *, name: str = "splade", max_inputs: int = 2048) -> FastAPI:
-    """A FastAPI app serving ``model`` (see the module docstring)."""
-    return create_kind_app(SparseBackend(model), name=name, max_inputs=max_inputs)
+    def open_store(self, given: SearchStore | None, *, kind: str | None) -> SearchStore | None:
+        if given is not None:
+            raise ValueError(
+                "a sparse model keeps its search documents in an in-memory inverted index (POST "
+                "/index/documents); --index folders hold dense vectors: serve it without --index"
+            )
+        if kind not in (None, "exact", InvertedDocuments.kind):
+            raise ValueError(
+                f"a sparse model searches an in-memory inverted index; index kind {kind!r} is not available for it"
+            )
+        return MemoryStore(InvertedDocuments(self.dim))
+
+    def describe(self) -> dict[str, object]:
+        return {}

@@ -171,28 +171,32 @@ def test_server_returns_token_vectors_and_searches_by_maxsim(colbert: MultiVecto
 
     from embforge.serve.app import create_app
 
-    client = TestClient(create_app({"colbert": colbert}))  # how `embforge serve --model DIR` builds it
-    assert client.get("/v1/models").json()["data"][0] == {
-        "id": "colbert",
-        "object": "model",
-        "owned_by": "embforge",
-        "kind": "multivector",
-        "dim": 16,
-    }
-    got = client.post("/v1/embeddings", json={"input": DOCS[:2]}).json()["data"]
-    for item, matrix in zip(got, colbert.encode(DOCS[:2])):
-        np.testing.assert_allclose(np.array(item["embedding"]), matrix, atol=1e-6)
-    query = client.post("/v1/embeddings", json={"input": "a cat", "input_type": "query"}).json()["data"][0]
-    assert len(query["embedding"]) == colbert.settings.query_length
-    docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)]
-    assert client.post("/index/documents", json={"documents": docs}).json()["total"] == 4
-    assert client.post("/index/documents", json={"documents": docs[:1]}).status_code == 409
-    hits = client.post("/search", json={"query": QUERIES, "top_k": 2}).json()["results"]
-    query_matrix = torch.from_numpy(colbert.encode(QUERIES[:1], is_query=True)[0])[None]
-    scores = maxsim(query_matrix, colbert.encode_padded(DOCS)[0])
-    assert hits[0]["hits"][0]["id"] == f"d{int(scores[0].argmax())}"
-    assert abs(hits[0]["hits"][0]["score"] - float(scores[0].max())) < 1e-4
-    assert client.post("/search", json={"query": [""]}).status_code == 422
+    with TestClient(create_app({"colbert": colbert})) as client:  # how `embforge serve --model DIR` builds it
+        assert client.get("/v1/models").json()["data"][0] == {
+            "id": "colbert",
+            "object": "model",
+            "owned_by": "embforge",
+            "backend": "torch",
+            "precision": "fp32",
+            "kind": "multivector",
+            "dim": 16,
+        }
+        got = client.post("/v1/embeddings", json={"input": DOCS[:2]}).json()["data"]
+        for item, matrix in zip(got, colbert.encode(DOCS[:2])):
+            np.testing.assert_allclose(np.array(item["embedding"]), matrix, atol=1e-6)
+        query = client.post("/v1/embeddings", json={"input": "a cat", "input_type": "query"}).json()["data"][
+            0
+        ]
+        assert len(query["embedding"]) == colbert.settings.query_length
+        docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)]
+        assert client.post("/index/documents", json={"documents": docs}).json()["total"] == 4
+        assert client.post("/index/documents", json={"documents": docs[:1]}).status_code == 409
+        hits = client.post("/search", json={"query": QUERIES, "top_k": 2}).json()["results"]
+        query_matrix = torch.from_numpy(colbert.encode(QUERIES[:1], is_query=True)[0])[None]
+        scores = maxsim(query_matrix, colbert.encode_padded(DOCS)[0])
+        assert hits[0]["hits"][0]["id"] == f"d{int(scores[0].argmax())}"
+        assert abs(hits[0]["hits"][0]["score"] - float(scores[0].max())) < 1e-4
+        assert client.post("/search", json={"query": [""]}).status_code == 422
 
 
 def test_model_card_export_and_merge_know_the_kind(colbert: MultiVectorEncoder, tmp_path: Path) -> None:

@@ -315,25 +315,27 @@ def test_sparse_train_evaluate_save_load_in_sentence_transformers_and_serve(mlm_
     card = (out / "README.md").read_text()
     assert "sparse encoder (SPLADE)" in card and "SparseEncoder.load" in card
 
-    client = TestClient(create_app({"splade": model}))  # as the runner passes it: a one-model mapping
-    assert client.get("/v1/models").json()["data"][0] == {
-        "id": "splade",
-        "object": "model",
-        "owned_by": "embforge",
-        "kind": "sparse",
-        "dim": 62,
-    }
-    body = client.post("/v1/embeddings", json={"input": TEXTS[:2], "input_type": "query"}).json()
-    expected = model.encode_query(TEXTS[:2])
-    for item, row in zip(body["data"], expected):
-        assert item["embedding"]["indices"] == sorted(row.indices.tolist())
-        assert np.allclose(item["embedding"]["values"], row.toarray()[0, item["embedding"]["indices"]])
-    docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)]
-    assert client.post("/index/documents", json={"documents": docs}).json()["total"] == 5
-    hits = client.post("/search", json={"query": TEXTS[1], "top_k": 3}).json()["results"][0]["hits"]
-    scores = (model.encode_query([TEXTS[1]]) @ model.encode_document(TEXTS).T).toarray()[0]
-    assert [h["id"] for h in hits] == [f"d{i}" for i in np.argsort(-scores, kind="stable")[:3]]
-    assert client.post("/v1/embeddings", json={"input": [" "]}).status_code == 422
+    with TestClient(create_app({"splade": model})) as client:  # as the runner passes it: a one-model mapping
+        assert client.get("/v1/models").json()["data"][0] == {
+            "id": "splade",
+            "object": "model",
+            "owned_by": "embforge",
+            "backend": "torch",
+            "precision": "fp32",
+            "kind": "sparse",
+            "dim": 62,
+        }
+        body = client.post("/v1/embeddings", json={"input": TEXTS[:2], "input_type": "query"}).json()
+        expected = model.encode_query(TEXTS[:2])
+        for item, row in zip(body["data"], expected):
+            assert item["embedding"]["indices"] == sorted(row.indices.tolist())
+            assert np.allclose(item["embedding"]["values"], row.toarray()[0, item["embedding"]["indices"]])
+        docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)]
+        assert client.post("/index/documents", json={"documents": docs}).json()["total"] == 5
+        hits = client.post("/search", json={"query": TEXTS[1], "top_k": 3}).json()["results"][0]["hits"]
+        scores = (model.encode_query([TEXTS[1]]) @ model.encode_document(TEXTS).T).toarray()[0]
+        assert [h["id"] for h in hits] == [f"d{i}" for i in np.argsort(-scores, kind="stable")[:3]]
+        assert client.post("/v1/embeddings", json={"input": [" "]}).status_code == 422
 
 
 def test_sparse_models_are_refused_clearly_by_export_and_merge(mlm_dir, tmp_path):
@@ -411,11 +413,18 @@ def test_retrieval_training_of_a_sparse_model_mines_with_bm25_or_says_so(mlm_dir
     assert summary["steps"] == 2 and summary["final"]["document_active_dims"] > 0
 
 
-def test_a_sparse_model_beside_dense_embedders_in_one_server_is_refused_clearly(mlm_dir, tiny_encoder):
-    """Several models in one server share the dense endpoints; a sparse model among them is named in the error
-    (it is served on its own), not accepted and failing on its first request."""
+def test_a_sparse_model_is_served_beside_dense_ones_and_refuses_an_index_folder(mlm_dir, tiny_encoder):
+    """One app serves every kind: a sparse model beside a dense one answers in its own shape; an --index folder
+    (one dense vector per document) is refused for it by name."""
+    from fastapi.testclient import TestClient
+
     from embforge.serve.app import create_app
+    from embforge.serve.store import DocumentStore
     from embforge.sparse.model import SparseEncoder
 
-    with pytest.raises(ValueError, match="splade is a sparse or multi-vector model: serve it on its own"):
-        create_app({"dense": tiny_encoder, "splade": SparseEncoder.load(mlm_dir)})
+    splade = SparseEncoder.load(mlm_dir)
+    with TestClient(create_app({"dense": tiny_encoder, "splade": splade})) as client:
+        body = client.post("/v1/embeddings", json={"input": "a cat", "model": "splade"}).json()
+        assert body["data"][0]["embedding"]["dim"] == splade.dim
+    with pytest.raises(ValueError, match="serve it without --index"):
+        create_app({"splade": splade}, store=DocumentStore(4))
