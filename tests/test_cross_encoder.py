@@ -219,4 +219,7 @@ def test_cli_train_cross_then_eval_pairs_sts_and_rerank(tmp_path, tiny_model_dir
     assert main([*two_stage, "--fusion", "0"]) == 0
     bi_only = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert bi_only["reranked_mrr@10"] == pytest.approx(alone["bi_mrr@10"])  # weight 0: the retriever's order
-    assert main([*two_stage, "--fusion", "2"]) == 2  # a weight outside [0, 1] is a clear error
+    with pytest.raises(SystemExit) as refused:  # a weight outside [0, 1] is refused when the flags are parsed
+        main([*two_stage, "--fusion", "2"])
+    assert refused.value.code == 2
+    assert "--fusion: must be a number in [0, 1], got 2" in capsys.readouterr().err

@@ -86,6 +86,29 @@ def plain_text(text: str | None) -> str | None:
     return text.replace("``", "")
 
 
+# What the library raises, with a message for the user, about the user's input: a value, a file, a path that is
+# the wrong kind of thing, a missing optional package, a run that diverged (FloatingPointError names the step and
+# what to lower). Anything else is a bug and keeps its traceback.
+USER_ERRORS = (
+    ValueError,
+    KeyError,
+    ImportError,
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    FloatingPointError,
+)
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line; an ``OSError`` as ``PATH: what is wrong`` (not ``[Errno 21] ...``)."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return " ".join(str(error).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -98,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             inference_autocast(getattr(args, "inference_amp", "no")),
         ):
             result = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError, ImportError) as err:
-        print(f"embforge {args.verb}: error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        print(f"embforge {args.verb}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     if result is not None:
         print(json.dumps(result, default=float))

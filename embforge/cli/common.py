@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypedDict, TypeVar
 
+from embforge.cli.values import data_path, positive_int
 from embforge.modeling.precision import AMP_SETTINGS
 from embforge.modeling.resolve import DEFAULT_MODEL
 
@@ -26,7 +27,8 @@ class _FlagOptions(TypedDict, total=False):
 
 class Flag(NamedTuple):
     """One option of a verb as a table row (:func:`add_flags`): its name, help, value type and default; ``action``
-    ``"append"`` repeats it, ``"store_true"`` makes it a switch (no value)."""
+    ``"append"`` repeats it, ``"store_true"`` makes it a switch (no value). A number's type is a range-checked one
+    of :mod:`embforge.cli.values` (``positive_int``, ``ratio``, ``port`` ...), never a bare ``int`` or ``float``."""
 
     name: str
     help: str
@@ -81,7 +83,10 @@ def add_amp_arg(parser: argparse.ArgumentParser) -> None:
 def add_batch_size_arg(parser: argparse.ArgumentParser, *, default: int = 64) -> None:
     """``--batch-size``: texts per forward pass of the verb's model(s)."""
     parser.add_argument(
-        "--batch-size", type=int, default=default, help="texts per forward pass (default %(default)s)"
+        "--batch-size",
+        type=positive_int,
+        default=default,
+        help="texts per forward pass (default %(default)s)",
     )
 
 
@@ -133,7 +138,7 @@ def add_actions(
 
 
 def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", required: bool = True) -> None:
-    parser.add_argument(flag, required=required, help="CSV/TSV/JSONL/Parquet file")
+    parser.add_argument(flag, type=data_path, required=required, help="CSV/TSV/JSONL/Parquet file")
     parser.add_argument(
         "--columns",
         default=None,
@@ -175,10 +180,6 @@ def parse_options(items: list[str] | None) -> dict[str, Any]:
         except (ValueError, SyntaxError):
             options[key.strip()] = raw.strip()
     return options
-
-
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 class DeprecatedFlag(argparse.Action):

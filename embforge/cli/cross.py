@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from embforge.cli.common import add_amp_arg, add_batch_size_arg, add_data_args, add_eval_kind
+from embforge.cli.values import data_path, positive_int, ratio
 
 if TYPE_CHECKING:
     from embforge.protocols import Embedder, PairScorer
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     pairs = add_eval_kind(evals, "pairs", run_eval_pairs)
     pairs.add_argument(
-        "--dev", help="dev file for the accuracy threshold (default: searched on --data itself)"
+        "--dev",
+        type=data_path,
+        help="dev file for the accuracy threshold (default: searched on --data itself)",
     )
     rerank = add_eval_kind(evals, "rerank", run_eval_rerank)
     rerank.add_argument(
@@ -35,16 +38,16 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     two_stage.add_argument("--cross-model", required=True, help="cross-encoder folder for the second stage")
     add_data_args(two_stage)
     two_stage.add_argument(
-        "--top-k", type=int, default=20, help="candidates re-scored per query (default 20)"
+        "--top-k", type=positive_int, default=20, help="candidates re-scored per query (default 20)"
     )
     add_batch_size_arg(two_stage)
     two_stage.add_argument(
         "--fusion",
-        type=float,
+        type=ratio,
         default=None,
         metavar="W",
-        help="rank by W x z(cross score) + (1 - W) x z(bi cosine) over each query's top-k (choose W on a dev "
-        "split); default: the cross-encoder alone",
+        help="rank by W x z(cross score) + (1 - W) x z(bi cosine) over each query's top-k, W in [0, 1] (choose W "
+        "on a dev split); default: the cross-encoder alone",
     )
     add_amp_arg(two_stage)
     two_stage.set_defaults(func=run_two_stage)

@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from embforge.cli.common import add_batch_size_arg, config_from_args
+from embforge.cli.values import data_path, finite_float, positive_int, ratio, similarity
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser(
         "curate", help="deduplicate and filter a training file, with a report", description=__doc__
     )
-    parser.add_argument("--data", required=True, help="training file (CSV/TSV/JSONL/Parquet)")
+    parser.add_argument("--data", type=data_path, required=True, help="training file (CSV/TSV/JSONL/Parquet)")
     parser.add_argument("--output", required=True, help="kept rows (.jsonl, .csv or .tsv)")
     parser.add_argument("--report", required=True, help="JSON report of what was removed and why")
     parser.add_argument("--no-exact", action="store_true", help="keep exact (normalised) duplicates")
@@ -24,18 +25,22 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     parser.add_argument(
         "--near-threshold",
-        type=float,
+        type=similarity,
         default=0.9,
-        help="Jaccard (minhash) or cosine (embedding); default 0.9",
+        help="Jaccard (minhash, 0 to 1) or cosine (embedding, -1 to 1); default 0.9",
     )
     parser.add_argument(
-        "--eval", nargs="*", default=[], help="evaluation files whose texts must not be trained on"
+        "--eval",
+        nargs="*",
+        type=data_path,
+        default=[],
+        help="evaluation files whose texts must not be trained on",
     )
     parser.add_argument(
         "--leak-threshold",
-        type=float,
+        type=ratio,
         default=None,
-        help="also drop MinHash near-duplicates of evaluation texts",
+        help="also drop MinHash near-duplicates of evaluation texts (Jaccard, 0 to 1)",
     )
     parser.add_argument("--model", default=None, help="bi-encoder for --near embedding and --consistency")
     parser.add_argument(
@@ -45,14 +50,14 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     parser.add_argument(
         "--top-k",
-        type=int,
+        type=positive_int,
         default=10,
         help="with --consistency: the positive must rank in the top k (default %(default)s; a file with no more "
         "candidate texts than k is skipped with a warning)",
     )
     parser.add_argument("--cross-encoder", default=None, help="confirms pairs (rescues consistency failures)")
     parser.add_argument(
-        "--cross-threshold", type=float, default=0.5, help="cross-encoder score to confirm a pair"
+        "--cross-threshold", type=finite_float, default=0.5, help="cross-encoder score to confirm a pair"
     )
     add_batch_size_arg(parser)
     parser.set_defaults(func=run_curate)

@@ -6,18 +6,24 @@ import argparse
 from collections.abc import Mapping
 
 from embforge.cli.common import add_batch_size_arg, add_model_arg
+from embforge.cli.values import data_path, positive_int
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser("encode", help="embed texts into a .npy file", description=__doc__)
     add_model_arg(parser)
     parser.add_argument(
-        "--input", required=True, help="a .txt file (one text per line) or a table with a 'text' column"
+        "--input",
+        type=data_path,
+        required=True,
+        help="a .txt file (one text per line) or a table with a 'text' column",
     )
     parser.add_argument("--output", required=True, help="output .npy file")
     parser.add_argument("--columns", default=None, help="column mapping for tables, e.g. 'sentence=text'")
     add_batch_size_arg(parser, default=32)
-    parser.add_argument("--dim", type=int, default=None, help="truncate to this many dimensions (Matryoshka)")
+    parser.add_argument(
+        "--dim", type=positive_int, default=None, help="truncate to this many dimensions (Matryoshka)"
+    )
     parser.add_argument("--prompt-name", default=None, help="one of the model's prompts, e.g. query")
     parser.add_argument(
         "--normalize",

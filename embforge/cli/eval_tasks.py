@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from embforge.cli.common import add_batch_size_arg, add_data_args, add_eval_kind, add_model_arg, int_list
+from embforge.cli.common import add_batch_size_arg, add_data_args, add_eval_kind, add_model_arg
+from embforge.cli.values import data_path, int_list, positive_int
 
 if TYPE_CHECKING:
     from embforge.data.tables import Dataset
@@ -15,9 +16,11 @@ if TYPE_CHECKING:
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = add_eval_kind(evals, "classification", run_classification, data_flag="--train")
-    parser.add_argument("--test", required=True, help="CSV/TSV/JSONL/Parquet file with text,label")
+    parser.add_argument(
+        "--test", type=data_path, required=True, help="CSV/TSV/JSONL/Parquet file with text,label"
+    )
     parser = add_eval_kind(evals, "clustering", run_clustering)
-    parser.add_argument("--seeds", type=int, default=3, help="k-means runs averaged (default 3)")
+    parser.add_argument("--seeds", type=positive_int, default=3, help="k-means runs averaged (default 3)")
 
     parser = evals.add_parser(
         "matryoshka",
@@ -32,7 +35,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="which evaluation to run at each dimension (default sts)",
     )
     add_data_args(parser)
-    parser.add_argument("--train", help="classification: file the classifier is fitted on (--data is scored)")
+    parser.add_argument(
+        "--train", type=data_path, help="classification: file the classifier is fitted on (--data is scored)"
+    )
     parser.add_argument(
         "--dims", type=int_list, default=[64, 128, 256], help="e.g. 64,128,256 (full size added)"
     )

@@ -6,20 +6,26 @@ import argparse
 from collections.abc import Mapping
 
 from embforge.cli.common import add_actions, add_model_arg
+from embforge.cli.values import data_path, folder, positive_int, similarity
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     formats = add_actions(verbs, "export", help="export a model (ONNX)", description=__doc__, dest="format")
     onnx = formats.add_parser("onnx", help="ONNX graph with pooling/normalisation inside; parity-checked")
     add_model_arg(onnx, amp=False)
-    onnx.add_argument("--output", required=True, help="folder to write")
+    onnx.add_argument("--output", type=folder, required=True, help="folder to write")
     onnx.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic int8 graph")
     onnx.add_argument(
-        "--dim", type=int, default=None, help="bi-encoders: keep this many dimensions (Matryoshka)"
+        "--dim", type=positive_int, default=None, help="bi-encoders: keep this many dimensions (Matryoshka)"
     )
-    onnx.add_argument("--min-cosine", type=float, default=0.9999, help="parity threshold (fp32 vs PyTorch)")
     onnx.add_argument(
-        "--parity-data", default=None, help="a .txt file (one sentence per line) for the parity check"
+        "--min-cosine", type=similarity, default=0.9999, help="parity threshold (fp32 vs PyTorch), -1 to 1"
+    )
+    onnx.add_argument(
+        "--parity-data",
+        type=data_path,
+        default=None,
+        help="a .txt file (one sentence per line) for the parity check",
     )
     onnx.add_argument(
         "--calibration",

@@ -10,11 +10,13 @@ import argparse
 import sys
 from collections.abc import Mapping
 
+from embforge.cli.values import float_list, folder, number, ratio
+
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser("merge", help="merge models of one architecture into one", description=__doc__)
     parser.add_argument("--models", nargs="+", required=True, help="model folders (or aliases) to merge")
-    parser.add_argument("--output", required=True, help="folder for the merged model")
+    parser.add_argument("--output", type=folder, required=True, help="folder for the merged model")
     parser.add_argument(
         "--method",
         choices=("linear", "task_arithmetic", "ties"),
@@ -22,16 +24,23 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="linear: sum of w_i * model_i (weights sum to 1); task_arithmetic: base + sum w_i (model_i - base); "
         "ties: trimmed, sign-elected task vectors (default linear)",
     )
-    parser.add_argument("--weights", default=None, help="comma list, one per model (default: equal weights)")
+    parser.add_argument(
+        "--weights", type=float_list, default=None, help="comma list, one per model (default: equal weights)"
+    )
     parser.add_argument("--base", default=None, help="base model the others were fine-tuned from")
-    parser.add_argument("--density", type=float, default=0.2, help="ties: fraction of each task vector kept")
+    parser.add_argument(
+        "--density",
+        type=number(0, 1, open_low=True),
+        default=0.2,
+        help="ties: fraction of each task vector kept, in (0, 1] (default 0.2)",
+    )
     parser.add_argument(
         "--layer-scaling",
-        type=float,
+        type=ratio,
         default=None,
         metavar="ALPHA",
-        help="with --base: scale each layer's task vector by ALPHA + (1-ALPHA)*depth (LiNeS: embeddings and "
-        "shallow layers stay near the base, the last layer gets the full weight)",
+        help="with --base: scale each layer's task vector by ALPHA + (1-ALPHA)*depth, ALPHA in [0, 1] (LiNeS: "
+        "embeddings and shallow layers stay near the base, the last layer gets the full weight)",
     )
     parser.add_argument(
         "--choose-on",
@@ -41,6 +50,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     parser.add_argument(
         "--grid",
+        type=float_list,
         default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
         help="weights tried by --choose-on: w for the 2nd model (linear) or every task vector",
     )
@@ -70,9 +80,8 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
         if args.weights:
             raise ValueError("give either --weights or --choose-on, not both")
         parts = parse_mix(args.choose_on)
-        grid = [float(x) for x in args.grid.split(",") if x.strip()]
         table = []
-        for w in grid:
+        for w in args.grid:
             scores = evaluate_mix(merger.merge(sweep_weights(len(args.models), args.method, w)), parts)
             table.append({"w": w, **scores})
         best = max(table, key=lambda row: row["mean"])
@@ -81,7 +90,7 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
         result["table"] = table
         recipe["chosen_on"] = args.choose_on
     else:
-        weights = [float(x) for x in args.weights.split(",")] if args.weights else None
+        weights = args.weights
     model = merger.merge(weights)
     recipe["weights"] = weights if weights is not None else [1 / len(args.models)] * len(args.models)
     merger.save(args.output, recipe=recipe)

@@ -26,6 +26,17 @@ from embforge.cli.common import (
     config_from_args,
     parse_options,
 )
+from embforge.cli.values import (
+    data_path,
+    finite_float,
+    folder,
+    non_negative_int,
+    number,
+    option,
+    positive_int,
+    ratio,
+    seed,
+)
 
 if TYPE_CHECKING:
     from embforge.data.retrieval import RetrievalData
@@ -49,7 +60,7 @@ def _register_eval(evals: argparse._SubParsersAction) -> None:
     add_batch_size_arg(ev)
     ev.add_argument(
         "--max-seq-length",
-        type=int,
+        type=positive_int,
         default=None,
         help="truncate texts to this many tokens (default: the model's)",
     )
@@ -61,28 +72,48 @@ def _register_mine(verbs: argparse._SubParsersAction) -> None:
     mine = verbs.add_parser("mine", help="mine hard negatives to JSONL (anchor, positive, negative_1..n)")
     add_model_arg(mine)
     _add_data(mine, default_split="train")
-    mine.add_argument("--pairs", default=None, help="an anchor,positive file instead of --data (pairs mode)")
     mine.add_argument(
-        "--corpus", default=None, help="pairs mode: extra documents (a file with a 'text' column)"
+        "--pairs", type=data_path, default=None, help="an anchor,positive file instead of --data (pairs mode)"
+    )
+    mine.add_argument(
+        "--corpus",
+        type=data_path,
+        default=None,
+        help="pairs mode: extra documents (a file with a 'text' column)",
     )
     mine.add_argument("--output", required=True, help="JSONL file to write")
     mine.add_argument("--method", default="dense", help="dense, bm25 or hybrid (default dense)")
     mine.add_argument(
-        "--num-negatives", type=int, default=3, help="negatives per (query, positive) row (default 3)"
+        "--num-negatives",
+        type=positive_int,
+        default=3,
+        help="negatives per (query, positive) row (default 3)",
     )
     mine.add_argument(
         "--depth",
-        type=int,
+        type=positive_int,
         default=None,
         help="candidates per query (default: sized from --num-negatives and the filters)",
     )
-    mine.add_argument("--skip-top", type=int, default=0, help="skip the first r surviving candidates")
-    mine.add_argument("--relative-margin", type=float, default=None, help="drop scores > (1-m) x positive")
-    mine.add_argument("--absolute-margin", type=float, default=None, help="drop scores > positive - a")
     mine.add_argument(
-        "--max-score", type=float, default=None, help="drop candidates scoring above this (likely positives)"
+        "--skip-top", type=non_negative_int, default=0, help="skip the first r surviving candidates"
     )
-    mine.add_argument("--hard-ratio", type=float, default=1.0, help="hard share, rest random (default 1)")
+    mine.add_argument(
+        "--relative-margin",
+        type=number(0, 1, open_high=True),
+        default=None,
+        help="drop scores > (1-m) x positive, m in [0, 1)",
+    )
+    mine.add_argument("--absolute-margin", type=finite_float, default=None, help="drop scores > positive - a")
+    mine.add_argument(
+        "--max-score",
+        type=finite_float,
+        default=None,
+        help="drop candidates scoring above this (likely positives)",
+    )
+    mine.add_argument(
+        "--hard-ratio", type=ratio, default=1.0, help="hard share, 0 to 1, rest random (default 1)"
+    )
     mine.add_argument("--sampling", default="top", help="top (default) or random, of the survivors")
     add_index_kind_arg(mine, old="--index")
     mine.add_argument(
@@ -93,14 +124,14 @@ def _register_mine(verbs: argparse._SubParsersAction) -> None:
     )
     mine.add_argument(
         "--rescore-depth",
-        type=int,
+        type=positive_int,
         default=30,
         help="candidates per query the cross-encoder scores (default 30)",
     )
     add_batch_size_arg(mine, default=32)
     add_corpus_cache_arg(mine)
     mine.add_argument(
-        "--seed", type=int, default=0, help="seed of the random negatives and sampling (default 0)"
+        "--seed", type=seed, default=0, help="seed of the random negatives and sampling (default 0)"
     )
     mine.set_defaults(func=run_mine)
 
@@ -118,6 +149,7 @@ def _register_index(verbs: argparse._SubParsersAction) -> None:
         "--index",
         "--output",
         dest="index",
+        type=folder,
         required=True,
         help="index folder to write (replaced if it is one)",
     )
@@ -125,20 +157,24 @@ def _register_index(verbs: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--kind", dest="index_kind", action=DeprecatedFlag, new="--index-kind", help=argparse.SUPPRESS
     )
-    build.add_argument("--option", action="append", metavar="NAME=VALUE", help="index option, e.g. m=32")
+    build.add_argument(
+        "--option", action="append", type=option, metavar="NAME=VALUE", help="index option, e.g. m=32"
+    )
     add_corpus_cache_arg(build, default="a temporary folder")
     add_batch_size_arg(build)
     build.set_defaults(func=run_index_build)
     search = sub.add_parser("search", help="top-k documents (id, score, text) of query texts")
     add_model_arg(search)
-    search.add_argument("--index", required=True, help="index folder written by 'index build' or the server")
+    search.add_argument(
+        "--index", type=folder, required=True, help="index folder written by 'index build' or the server"
+    )
     search.add_argument(
         "--allow-model-mismatch",
         action="store_true",
         help="search even if the index was built by another model (its vectors will not match)",
     )
     search.add_argument("--query", action="append", required=True, help="query text (repeatable)")
-    search.add_argument("-k", type=int, default=10, help="hits per query (default 10)")
+    search.add_argument("-k", type=positive_int, default=10, help="hits per query (default 10)")
     search.set_defaults(func=run_index_search)
 
 

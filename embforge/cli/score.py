@@ -15,6 +15,7 @@ import argparse
 from collections.abc import Mapping
 
 from embforge.cli.common import add_amp_arg, add_batch_size_arg, add_data_args
+from embforge.cli.values import integer, seed
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -34,13 +35,13 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument("--overwrite", action="store_true", help="replace an existing score/label column")
     parser.add_argument(
         "--lists",
-        type=int,
+        type=integer(2, name="list_size"),
         default=None,
         metavar="SIZE",
-        help="group (query, candidate) rows by query into rows of SIZE candidates (labels ignored; short lists "
-        "topped up with other queries' candidates at random) before scoring",
+        help="group (query, candidate) rows by query into rows of SIZE >= 2 candidates (labels ignored; short "
+        "lists topped up with other queries' candidates at random) before scoring",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --lists top-up (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the --lists top-up (default 0)")
     add_batch_size_arg(parser, default=32)
     parser.set_defaults(func=run_score)
 

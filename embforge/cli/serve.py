@@ -14,6 +14,16 @@ from embforge.cli.common import (
     config_from_args,
     parse_options,
 )
+from embforge.cli.values import (
+    folder,
+    non_negative_float,
+    option,
+    port,
+    positive_int,
+    seconds,
+    streams,
+    threads,
+)
 from embforge.onnx.backends import BACKENDS
 
 # what is served: embedders and rerankers, by name
@@ -40,9 +50,10 @@ _INDEX = [
         "--index",
         "index folder for /search and /index/documents: one written by 'embforge index build', or a new one the "
         "server starts",
+        folder,
         metavar="DIR",
     ),
-    Flag("--index-option", "option of a new index, e.g. m=32", metavar="NAME=VALUE", action="append"),
+    Flag("--index-option", "option of a new index, e.g. m=32", option, metavar="NAME=VALUE", action="append"),
     Flag(
         "--allow-model-mismatch",
         "serve an index built by another model (refused by default: its vectors would not match)",
@@ -67,8 +78,9 @@ _RUNTIME = [
     Flag(
         "--streams",
         "inference streams of the openvino backends: N batches run at once, each on its share of the cores "
-        "(default 0: OpenVINO's throughput choice; 1: one batch at a time on all cores, lowest latency when idle)",
-        int,
+        "(default 0: OpenVINO's throughput choice; 1: one batch at a time on all cores, lowest latency when idle; "
+        "at most 4 x the CPUs)",
+        streams,
         0,
         metavar="N",
     ),
@@ -82,38 +94,46 @@ _RUNTIME = [
 # where it listens and who may call it
 _SERVER = [
     Flag("--host", "address to bind (default loopback only)", default="127.0.0.1"),
-    Flag("--port", "TCP port (default 8080)", int, 8080),
+    Flag("--port", "TCP port, 1 to 65535 (default 8080)", port, 8080),
     Flag("--api-key", "require 'Authorization: Bearer KEY' (or env EMBFORGE_API_KEY)"),
     Flag("--model-name", "name reported in responses (default: --model)"),
 ]
 
 # how requests share model calls
 _BATCHING = [
-    Flag("--max-batch-size", "most texts merged into one model call", int, 64),
+    Flag("--max-batch-size", "most texts merged into one model call", positive_int, 64),
     Flag(
         "--max-batch-tokens",
         "most padded tokens in one model call (the queue is sorted by length; TEI semantics)",
-        int,
+        positive_int,
         16384,
     ),
-    Flag("--max-queue", "most texts waiting per model (429 beyond)", int, 4096),
-    Flag("--max-wait-ms", "wait for more requests to join a batch", float, 5.0),
+    Flag("--max-queue", "most texts waiting per model (429 beyond)", positive_int, 4096),
+    Flag("--max-wait-ms", "wait for more requests to join a batch", non_negative_float, 5.0),
 ]
 
 # per-request and per-connection limits
 _LIMITS = [
-    Flag("--max-inputs", "most texts per request (413 beyond)", int, 256),
-    Flag("--max-chars", "most characters per text (413 beyond)", int, 8192),
+    Flag("--max-inputs", "most texts per request (413 beyond)", positive_int, 256),
+    Flag("--max-chars", "most characters per text (413 beyond)", positive_int, 8192),
     Flag("--truncate", "cut texts over --max-chars instead of 413", action="store_true"),
     Flag(
-        "--max-body-bytes", "largest request body accepted (413 beyond; default 2 MiB)", int, 2 * 1024 * 1024
+        "--max-body-bytes",
+        "largest request body accepted (413 beyond; default 2 MiB)",
+        positive_int,
+        2 * 1024 * 1024,
     ),
-    Flag("--timeout", "seconds a request may wait for the model", float, 30.0),
-    Flag("--threads", "CPU threads of the model (default: torch/onnxruntime's own)", int),
-    Flag("--header-timeout", "seconds a client has to send a request's head (408)", float, 10.0),
-    Flag("--body-timeout", "seconds a client has to send a request's body", float, 30.0),
-    Flag("--keep-alive", "seconds an idle connection is kept", float, 5.0),
-    Flag("--max-connections", "most open connections (503 and closed beyond)", int, 1024),
+    Flag("--timeout", "seconds a request may wait for the model (> 0, at most a day)", seconds, 30.0),
+    Flag(
+        "--threads",
+        "CPU threads of the model, 1 to 4 x the CPUs: more only contend for the cores (default: "
+        "torch/onnxruntime's own)",
+        threads,
+    ),
+    Flag("--header-timeout", "seconds a client has to send a request's head (408)", seconds, 10.0),
+    Flag("--body-timeout", "seconds a client has to send a request's body", seconds, 30.0),
+    Flag("--keep-alive", "seconds an idle connection is kept", seconds, 5.0),
+    Flag("--max-connections", "most open connections (503 and closed beyond)", positive_int, 1024),
     Flag("--log-level", "uvicorn log level: debug, info, warning, error (default info)", default="info"),
 ]
 

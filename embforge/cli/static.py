@@ -9,24 +9,32 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from embforge.cli.values import device, folder, non_negative_float, non_negative_int
+
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser(
         "distill-static", help="distil a transformer into a static embedding model", description=__doc__
     )
     parser.add_argument("--model", required=True, help="transformer folder or alias, e.g. all-MiniLM-L6-v2")
-    parser.add_argument("--output", required=True, help="folder for the static model")
+    parser.add_argument("--output", type=folder, required=True, help="folder for the static model")
     parser.add_argument(
-        "--pca-dims", type=int, default=256, help="dimensions kept by PCA, 0 = no PCA (default 256)"
+        "--pca-dims",
+        type=non_negative_int,
+        default=256,
+        help="dimensions kept by PCA, 0 = no PCA (default 256)",
     )
     parser.add_argument(
         "--sif-coefficient",
-        type=float,
+        type=non_negative_float,
         default=1e-4,
         help="Zipf weighting a / (a + p(token)); 0 = none (default 1e-4)",
     )
     parser.add_argument(
-        "--device", default="cpu", help="device of the transformer's forward passes (default cpu)"
+        "--device",
+        type=device,
+        default="cpu",
+        help="device of the transformer's forward passes (default cpu)",
     )
     parser.set_defaults(func=run_distill_static)
 

@@ -6,7 +6,21 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from embforge.cli.common import int_list, parse_options
+from embforge.cli.common import parse_options
+from embforge.cli.values import (
+    data_path,
+    device,
+    folder,
+    int_list,
+    non_negative_float,
+    non_negative_int,
+    number,
+    option,
+    positive_float,
+    positive_int,
+    ratio,
+    seed,
+)
 
 # flag -> (RunSpec/TrainConfig key, type, help)
 _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
@@ -21,7 +35,7 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
     (
         "--eval",
         "eval",
-        str,
+        data_path,
         "STS file (sentence1, sentence2, score; with 0/1 labels a cross-encoder gets pair classification) "
         "evaluated during training; best kept",
     ),
@@ -32,43 +46,48 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
         "loss (default cosent; infonce with --retrieval-train; infonce for multivector models, splade for "
         "sparse models)",
     ),
-    ("--output", "output", str, "output folder (default ./output)"),
-    ("--epochs", "epochs", int, "epochs (default 1)"),
+    ("--output", "output", folder, "output folder (default ./output)"),
+    ("--epochs", "epochs", positive_int, "epochs (default 1)"),
     (
         "--max-steps",
         "max_steps",
-        int,
+        positive_int,
         "stop after this many optimiser steps (overrides --epochs; default: none)",
     ),
-    ("--batch-size", "batch_size", int, "batch size (default 32)"),
-    ("--lr", "lr", float, "peak learning rate (default 5e-5)"),
-    ("--warmup-ratio", "warmup_ratio", float, "fraction of steps of linear warm-up (default 0.1)"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.01)"),
+    ("--batch-size", "batch_size", positive_int, "batch size (default 32)"),
+    ("--lr", "lr", positive_float, "peak learning rate (default 5e-5)"),
+    ("--warmup-ratio", "warmup_ratio", ratio, "fraction of steps of linear warm-up, 0 to 1 (default 0.1)"),
+    ("--weight-decay", "weight_decay", non_negative_float, "AdamW weight decay (default 0.01)"),
     (
         "--layer-lr-decay",
         "layer_lr_decay",
-        float,
+        number(0, 1, open_low=True),
         "layer-wise learning-rate decay: each layer below the last at D x the rate of the one above, the "
-        "embeddings below the first, e.g. 0.8 (default 1 = off)",
+        "embeddings below the first, e.g. 0.8; D in (0, 1] (default 1 = off)",
     ),
-    ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
+    ("--grad-accum", "grad_accum", positive_int, "gradient accumulation steps (default 1)"),
     (
         "--mini-batch-size",
         "mini_batch_size",
-        int,
+        non_negative_int,
         "cached step (GradCache): embed the batch N rows at a time, loss over the whole batch (default 0 = off)",
     ),
-    ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
+    ("--max-grad-norm", "max_grad_norm", non_negative_float, "gradient clipping norm, 0 = off (default 1.0)"),
     ("--amp", "amp", str, "mixed precision (default auto: bf16 where the CPU/GPU has it natively)"),
-    ("--seed", "seed", int, "random seed (default 42; overrides every stage's seed of a pipeline file)"),
-    ("--eval-every", "eval_every", int, "evaluate every N steps (default: at the end only)"),
+    ("--seed", "seed", seed, "random seed (default 42; overrides every stage's seed of a pipeline file)"),
+    ("--eval-every", "eval_every", non_negative_int, "evaluate every N steps (default 0: at the end only)"),
     (
         "--save-every",
         "save_every",
-        int,
+        non_negative_int,
         "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)",
     ),
-    ("--max-seq-length", "max_seq_length", int, "truncate texts to this many tokens (default: the model's)"),
+    (
+        "--max-seq-length",
+        "max_seq_length",
+        positive_int,
+        "truncate texts to this many tokens (default: the model's)",
+    ),
     (
         "--columns",
         "columns",
@@ -85,24 +104,24 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
     (
         "--max-bad-rows",
         "max_bad_rows",
-        int,
+        non_negative_int,
         "mmap/stream: skip up to N bad rows (default 0: stop at the first)",
     ),
     (
         "--shuffle-window",
         "shuffle_window",
-        int,
-        "rows shuffled together (default: a whole file; stream 10000)",
+        non_negative_int,
+        "rows shuffled together (default 0: a whole file; stream 10000)",
     ),
     ("--data-cache", "data_cache", str, "mmap: folder for the Arrow cache (default: the datasets cache)"),
     ("--data-split", "data_split", str, "split of a Hugging Face data set id (default train)"),
     (
         "--chunk-tokens",
         "chunk_tokens",
-        int,
+        positive_int,
         "padded tokens per attention block (default 65536) or padded chunk (default 16384)",
     ),
-    ("--device", "device", str, "cpu, cuda, cuda:1 ... (default auto)"),
+    ("--device", "device", device, "cpu, cuda, cuda:1 ... (default auto)"),
     (
         "--retrieval-train",
         "retrieval_train",
@@ -116,63 +135,78 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
         str,
         "split evaluated (NDCG@10) during training (default: none)",
     ),
-    ("--num-negatives", "num_negatives", int, "mined negatives per row, 0 = in-batch only (default 1)"),
+    (
+        "--num-negatives",
+        "num_negatives",
+        non_negative_int,
+        "mined negatives per row, 0 = in-batch only (default 1)",
+    ),
     ("--mine-method", "mine_method", str, "how negatives are mined (default dense)"),
     (
         "--refresh-negatives-every",
         "refresh_negatives_every",
-        int,
+        non_negative_int,
         "re-mine with the current model every N steps (default 0: never)",
     ),
-    ("--hard-ratio-start", "hard_ratio_start", float, "hard-negative ratio at the start (default 0.3)"),
-    ("--hard-ratio-end", "hard_ratio_end", float, "hard-negative ratio at the end (default 0.9)"),
+    ("--hard-ratio-start", "hard_ratio_start", ratio, "hard-negative ratio at the start (default 0.3)"),
+    ("--hard-ratio-end", "hard_ratio_end", ratio, "hard-negative ratio at the end (default 0.9)"),
     (
         "--lora-r",
         "lora_r",
-        int,
+        non_negative_int,
         "train rank-R LoRA adapters, not all weights (default 0: off; pip install -e '.[peft]')",
     ),
-    ("--lora-alpha", "lora_alpha", float, "LoRA scaling numerator (default 2 x rank)"),
-    ("--lora-dropout", "lora_dropout", float, "dropout on the LoRA adapters' input (default 0)"),
+    ("--lora-alpha", "lora_alpha", positive_float, "LoRA scaling numerator (default 2 x rank)"),
+    (
+        "--lora-dropout",
+        "lora_dropout",
+        number(0, 1, open_high=True),
+        "dropout on the LoRA adapters' input, in [0, 1) (default 0)",
+    ),
     ("--lora-targets", "lora_targets", str, "modules to adapt: q_proj,v_proj ... (default all-linear)"),
     (
         "--ema-decay",
         "ema_decay",
-        float,
-        "final model = EMA of the weights with this decay, e.g. 0.99 (default off)",
+        number(0, 1, open_high=True),
+        "final model = EMA of the weights with this decay in [0, 1), e.g. 0.99 (default off)",
     ),
-    ("--ema-start", "ema_start", int, "first step the EMA follows (default 0)"),
+    ("--ema-start", "ema_start", non_negative_int, "first step the EMA follows (default 0)"),
     (
         "--soup-last",
         "soup_last",
-        int,
+        non_negative_int,
         "final model = mean of the weights at the last K checkpoint steps (default 0)",
     ),
-    ("--soup-every", "soup_every", int, "steps between the soup's members (default: --save-every)"),
+    (
+        "--soup-every",
+        "soup_every",
+        non_negative_int,
+        "steps between the soup's members (default: --save-every)",
+    ),
     (
         "--l2sp",
         "l2sp",
-        float,
+        non_negative_float,
         "after each step pull lr x L2SP of the way back to the starting weights, e.g. 1000 (default 0: off)",
     ),
     (
         "--ewc",
         "ewc",
-        float,
+        non_negative_float,
         "after each step pull each weight lr x EWC x its Fisher importance of the way back, e.g. 1000 (default 0)",
     ),
     (
         "--wise-ft",
         "wise_ft",
-        float,
-        "final model = (1 - W) x starting + W x fine-tuned weights, e.g. 0.5 (default off)",
+        ratio,
+        "final model = (1 - W) x starting + W x fine-tuned weights, W in [0, 1], e.g. 0.5 (default off)",
     ),
     (
         "--lines",
         "lines",
-        float,
+        ratio,
         "final model: each weight keeps (A + (1 - A) x its depth) of its change (LiNeS; embeddings A, last layer "
-        "all), e.g. 0.5 (default off)",
+        "all), A in [0, 1], e.g. 0.5 (default off)",
     ),
 ]
 
@@ -232,6 +266,11 @@ _CHOICES = {"--amp": ["auto", "no", "bf16", "fp16"], "--mine-method": ["dense", 
 _HELP = {flag: text for flag, _, _, text in _FLAGS}
 
 
+def _metavar(kind: Callable[[str], object]) -> str:
+    """``N`` for an integer, ``X`` for a number (a range-checked type says which it is), else ``VALUE``."""
+    return str(getattr(kind, "metavar", _KIND_METAVAR.get(kind, "VALUE")))
+
+
 def _loss_help() -> str:
     from embforge.losses import LOSSES
     from embforge.losses.cross import CROSS_LOSSES
@@ -257,7 +296,11 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         help="TOML run file (same as the positional argument)",
     )
     group["data"].add_argument(
-        "--train", action="append", metavar="FILE", help="training file (repeat for several tasks)"
+        "--train",
+        action="append",
+        type=data_path,
+        metavar="FILE",
+        help="training file (repeat for several tasks)",
     )
     for flag, key, kind, text in _FLAGS:
         group[_GROUP.get(flag, "data")].add_argument(
@@ -265,13 +308,14 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
             dest=key,
             type=kind,
             default=None,
-            metavar=None if flag in _CHOICES else _METAVAR.get(flag, _KIND_METAVAR.get(kind, "VALUE")),
+            metavar=None if flag in _CHOICES else _METAVAR.get(flag, _metavar(kind)),
             choices=_CHOICES.get(flag),
             help=_loss_help() if flag == "--loss" else text,
         )
     group["loss"].add_argument(
         "--loss-option",
         action="append",
+        type=option,
         metavar="NAME=VALUE",
         help="loss option, e.g. temperature=0.02, symmetric=true, scale=20 (repeatable)",
     )
@@ -290,6 +334,19 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     )
     group["output"].add_argument(
         "--resume", action="store_true", default=None, help="continue from the last checkpoint"
+    )
+    group["output"].add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="delete what an earlier run left in --output before starting (without it, and without --resume, a "
+        "folder that is not empty is refused)",
+    )
+    group["output"].add_argument(
+        "--allow-data-change",
+        action="store_true",
+        default=None,
+        help="--resume although the training files changed since the checkpoint (default: refused, naming the file)",
     )
     group["scale"].add_argument(
         "--gradient-checkpointing",
@@ -338,6 +395,8 @@ def run_train(args: argparse.Namespace) -> Mapping[str, object] | None:
             quiet=args.quiet,
             resume=bool(args.resume),
             seed=args.seed,
+            overwrite=bool(args.overwrite),
+            allow_data_change=args.allow_data_change,
         )
         return result if is_main() else None  # torchrun: rank 0 prints
     for _, key, _, _ in _FLAGS:
@@ -348,6 +407,8 @@ def run_train(args: argparse.Namespace) -> Mapping[str, object] | None:
         "matryoshka_dims",
         "group_by_length",
         "resume",
+        "overwrite",
+        "allow_data_change",
         "quiet",
         "merge_lora",
         "gradient_checkpointing",
