@@ -29,7 +29,7 @@ def start_embforge(
 ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     flags = ["--backend", backend, "--max-batch-size", str(batch), "--max-wait-ms", str(wait_ms)]
-    flags += ["--timeout", "300", *(["--threads", str(threads)] if threads else [])]
+    flags += ["--timeout", "300", "--model-name", "m", *(["--threads", str(threads)] if threads else [])]
     return start_server(model, port, *flags), f"http://{HOST}:{port}"
 
 

@@ -91,6 +91,7 @@ def start_servers(
     port = free_port()
     flags = ["--backend", args.backend, "--calibration", str(calibration), "--timeout", "300"]
     flags += ["--max-inputs", "1024", "--streams", str(args.streams)]
+    flags += ["--model-name", "minilm"]  # the name the requests send (another name is a 404)
     proc = start_server(str(model), port, *flags)
     servers["embforge"] = (proc, f"http://{HOST}:{port}", "/v1/embeddings")
     env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1"}
