@@ -49,8 +49,9 @@ main: data $(STAMP)
 	@mkdir -p $(dir $(RUN))
 	@echo "== zero-shot all-MiniLM-L6-v2 on STS-B test"
 	$(EF) eval sts --model all-MiniLM-L6-v2 --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).zero-shot.json
-	@echo "== fine-tune on STS-B train (CoSENT, lr 5e-5, batch 32, 1 epoch) -> $(RUN)"
-	$(EF) train --train $(STSB)/stsb-en-train.csv --eval $(STSB)/stsb-en-dev.csv --output $(RUN) | tail -n 1
+	@echo "== fine-tune on STS-B train (CoSENT, lr 5e-5, batch 32, 1 epoch) -> $(RUN) (a new run: --overwrite)"
+	$(EF) train --train $(STSB)/stsb-en-train.csv --eval $(STSB)/stsb-en-dev.csv --output $(RUN) --overwrite \
+		| tail -n 1
 	@echo "== fine-tuned model on STS-B test"
 	$(EF) eval sts --model $(RUN) --data $(STSB)/stsb-en-test.csv | tail -n 1 | tee $(RUN).fine-tuned.json
 	@$(BIN)/python -c "import json; z=json.load(open('$(RUN).zero-shot.json')); f=json.load(open('$(RUN).fine-tuned.json')); print(f'STS-B test Spearman: zero-shot {z[\"spearman\"]:.2f} -> fine-tuned {f[\"spearman\"]:.2f}  (model saved in $(RUN))')"

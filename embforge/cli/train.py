@@ -283,6 +283,59 @@ def _loss_help() -> str:
     )
 
 
+# on/off flags: (group, flag, help); those in _NEGATABLE also take a --no- form
+_SWITCHES: list[tuple[str, str, str]] = [
+    (
+        "data",
+        "--header",
+        "the CSV/TSV training files have (--header) or have no (--no-header) header row (default: detected from "
+        "the content; names in --columns imply a header)",
+    ),
+    (
+        "data",
+        "--group-by-length",
+        "batch texts of similar length together (faster, less random; default off)",
+    ),
+    ("output", "--resume", "continue from the last checkpoint"),
+    (
+        "output",
+        "--overwrite",
+        "delete what an earlier run left in --output before starting (without it, and without --resume, a folder "
+        "that is not empty is refused)",
+    ),
+    (
+        "output",
+        "--allow-data-change",
+        "--resume although the training files changed since the checkpoint (default: refused, naming the file)",
+    ),
+    (
+        "scale",
+        "--gradient-checkpointing",
+        "recompute each layer in the backward pass: less activation memory, ~1/3 more compute (default off)",
+    ),
+    (
+        "output",
+        "--merge-lora",
+        "fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder; default "
+        "off)",
+    ),
+    (
+        "output",
+        "--keep-training-state",
+        "keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later "
+        "(default off: removed)",
+    ),
+    (
+        "scale",
+        "--gather-negatives",
+        "under torchrun: every process's loss is the global batch's (all-gathered embeddings: in-batch negatives "
+        "from every process, the gradients of one process); default on",
+    ),
+    ("output", "--quiet", "no progress bars"),
+]
+_NEGATABLE = {"--header", "--gather-negatives"}
+
+
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser("train", help="fine-tune a model", description=__doc__)
     group = {title: parser.add_argument_group(title, text) for title, text in GROUPS.items()}
@@ -326,56 +379,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         metavar="DIMS",
         help="train every prefix of these sizes too, e.g. 384,256,128,64 (default: none)",
     )
-    group["data"].add_argument(
-        "--group-by-length",
-        action="store_true",
-        default=None,
-        help="batch texts of similar length together (faster, less random; default off)",
-    )
-    group["output"].add_argument(
-        "--resume", action="store_true", default=None, help="continue from the last checkpoint"
-    )
-    group["output"].add_argument(
-        "--overwrite",
-        action="store_true",
-        default=None,
-        help="delete what an earlier run left in --output before starting (without it, and without --resume, a "
-        "folder that is not empty is refused)",
-    )
-    group["output"].add_argument(
-        "--allow-data-change",
-        action="store_true",
-        default=None,
-        help="--resume although the training files changed since the checkpoint (default: refused, naming the file)",
-    )
-    group["scale"].add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        default=None,
-        help="recompute each layer in the backward pass: less activation memory, ~1/3 more compute (default off)",
-    )
-    group["output"].add_argument(
-        "--merge-lora",
-        action="store_true",
-        default=None,
-        help="fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder; "
-        "default off)",
-    )
-    group["output"].add_argument(
-        "--keep-training-state",
-        action="store_true",
-        default=None,
-        help="keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later "
-        "(default off: removed)",
-    )
-    group["scale"].add_argument(
-        "--gather-negatives",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="under torchrun: every process's loss is the global batch's (all-gathered embeddings: in-batch "
-        "negatives from every process, the gradients of one process); default on",
-    )
-    group["output"].add_argument("--quiet", action="store_true", default=None, help="no progress bars")
+    for title, flag, text in _SWITCHES:
+        action = argparse.BooleanOptionalAction if flag in _NEGATABLE else "store_true"
+        group[title].add_argument(flag, action=action, default=None, help=text)
     parser.set_defaults(func=run_train)
 
 
@@ -404,6 +410,7 @@ def run_train(args: argparse.Namespace) -> Mapping[str, object] | None:
             values[key] = getattr(args, key)
     for key in (
         "train",
+        "header",
         "matryoshka_dims",
         "group_by_length",
         "resume",

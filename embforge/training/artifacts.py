@@ -7,6 +7,10 @@ Once the run has finished, none of it is needed to use the model, and for all-Mi
 with a larger ``--max-steps``), removes half-written leftovers of interrupted saves, and stores a ``best/`` model
 identical to the final one once (hard links), so both paths keep working.
 
+A new run claims its folder first (:func:`claim_output`): a folder that is not empty is refused unless the run
+resumes what is there (``--resume``) or clears it (``--overwrite``), so two runs never mix their ``metrics.jsonl``
+or leave one's ``best/`` beside the other's model.
+
 A finished run says so before any of that: :func:`mark_finished` writes ``finished.json`` (the step it ended at)
 once the final model is saved, and the clean-up first renames ``checkpoints/`` aside (one atomic rename), then
 deletes it. A kill at any point leaves either the training state or a run marked finished, never a run that
@@ -36,11 +40,71 @@ from pathlib import Path
 from typing import Any
 
 from embforge.files import write_text_atomic
+from embforge.parallel import barrier, init_from_env, is_main
 
 TRAINING_STATE = "checkpoints"  # the trainer's checkpoints: model copies, optimizer, scheduler, RNG, progress
 BEST = "best"
 FINISHED = "finished.json"  # {"steps": N}: the run ended at step N and its final model is saved
 SUMMARY = "train_summary.json"
+METRICS = "metrics.jsonl"
+# what only a training run writes (checkpoints/ from its first step, the rest as it logs and ends); a pipeline
+# writes stage-<k>-<name>/ folders, each a run
+RUN_FILES = (TRAINING_STATE, METRICS, SUMMARY, FINISHED)
+
+
+class OutputInUse(ValueError):
+    """A new run's output folder holds files already (an earlier run's, or others)."""
+
+
+def claim_output(output_dir: str | os.PathLike, *, resume: bool, overwrite: bool) -> None:
+    """Make ``output_dir`` the new run's before anything is written to it.
+
+    A folder that does not exist or is empty is fine, and so is any folder with ``resume`` (the run continues
+    what is there). Otherwise the run is refused unless ``overwrite``, which empties the folder first, and only
+    a folder holding an earlier run (:func:`holds_a_run`): ``--overwrite`` pointed at a folder of other files by
+    mistake deletes nothing. Emptying removes the folder's entries and never follows a link out of it (the link
+    goes, not what it points to). Under torchrun every process checks (nothing is written yet, so all get the
+    same answer) and rank 0 empties the folder while the others wait.
+
+    Raises:
+        OutputInUse: one line naming the folder, ``--resume`` and ``--overwrite`` (also when both are given).
+    """
+    root = Path(output_dir)
+    if resume and overwrite:
+        raise OutputInUse(
+            f"{root}: --resume continues the run there and --overwrite deletes it; pass one of them"
+        )
+    entries = sorted(root.iterdir()) if root.is_dir() and not resume else []
+    if entries and not overwrite:
+        shown = ", ".join(e.name + ("/" if e.is_dir() else "") for e in entries[:3])
+        more = f" and {len(entries) - 3} more" if len(entries) > 3 else ""
+        raise OutputInUse(
+            f"{root}: not empty ({shown}{more}); pass --resume to continue the run there, or --overwrite to "
+            "delete what it holds and start a new run"
+        )
+    if entries and not holds_a_run(root):
+        raise OutputInUse(
+            f"{root}: --overwrite empties an earlier run's folder, and this one holds no previous run (no "
+            f"{', '.join(RUN_FILES)}, no stage-* folder); empty it yourself or choose another --output "
+            "(--resume continues a run there)"
+        )
+    init_from_env()  # torchrun: every process has looked before rank 0 deletes anything
+    barrier()
+    if entries and is_main():
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)  # links inside are removed, never followed
+            else:
+                entry.unlink()
+    barrier()
+
+
+def holds_a_run(output_dir: str | os.PathLike) -> bool:
+    """Whether ``output_dir`` holds what a training run or a pipeline writes (:data:`RUN_FILES`, stage folders)."""
+    root = Path(output_dir)
+    return any((root / name).exists() for name in RUN_FILES) or any(
+        p.is_dir() and p.name.startswith("stage-") for p in root.iterdir()
+    )
 
 
 def finalize_run(output_dir: str | os.PathLike, *, keep_training_state: bool) -> int:

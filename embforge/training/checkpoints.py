@@ -2,7 +2,7 @@
 
 ``<output>/checkpoints/`` holds::
 
-    checkpoint-<step>/   model/, losses.safetensors, trainer_state.pt, progress.json, manifest.json
+    checkpoint-<step>/   model/, losses.safetensors, trainer_state.pt, progress.json, data.json, manifest.json
     latest               the name of the newest checkpoint of the current run
     run.json             the current run's id (written by :func:`start_run`)
 
@@ -11,6 +11,8 @@
 * ``manifest.json`` lists every file's size and SHA-256 with the run's id and the step. :func:`load_trainer_state`
   verifies it before anything is loaded: a truncated file, a flipped bit in a tensor or a broken
   ``progress.json`` is a :class:`CheckpointError` naming the file, never a model silently resumed with garbage.
+* ``data.json`` lists each task's training files with their size and modification time
+  (:mod:`embforge.data.identity`): a resume whose files changed is refused naming the file.
 * Pruning (``keep``) counts only the current run's checkpoints (same run id), so a ``checkpoint-20`` left by an
   earlier run in the same folder neither survives in their place nor makes new ones disappear.
 * ``--resume`` with nothing to resume (no checkpoint of this run) trains from step 0 with a
@@ -53,6 +55,7 @@ __all__ = [
     "find_latest",
     "latest_checkpoint",
     "load_trainer_state",
+    "read_data_files",
     "read_progress",
     "rng_state",
     "save_checkpoint",
@@ -64,6 +67,7 @@ __all__ = [
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
+DATA_FILES = "data.json"
 RUN_FILE = "run.json"
 FORMAT = 1
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -128,6 +132,7 @@ def save_checkpoint(
     trainer: Mapping[str, Stateful],
     progress: Progress,
     keep: int = 1,
+    data_files: list[list[dict[str, Any]]] | None = None,
 ) -> Path:
     """Write ``folder/checkpoint-<step>`` atomically with its manifest, point ``latest`` at it, prune.
 
@@ -142,6 +147,8 @@ def save_checkpoint(
             of a run (``run.json``'s when :func:`start_run` wrote one, else a new id) and travels with it through
             resumes: it is what tells this run's checkpoints from an earlier run's.
         keep: How many of this run's checkpoints to keep (the newest); ``keep < 1`` keeps them all.
+        data_files: Each task's training files (:func:`embforge.data.identity.identity`), written as
+            ``data.json`` (:func:`read_data_files`).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -157,6 +164,8 @@ def save_checkpoint(
         states = {name: part.state_dict() for name, part in trainer.items()}
         torch.save({**states, "rng": rng_state()}, tmp / "trainer_state.pt")
         (tmp / "progress.json").write_text(json.dumps(progress.to_dict(), indent=2) + "\n", encoding="utf-8")
+        if data_files is not None:
+            (tmp / DATA_FILES).write_text(json.dumps(data_files, indent=1) + "\n", encoding="utf-8")
         _write_manifest(tmp, run_id=run_id, step=progress.step)
 
     atomic_dir(folder / name, write)
@@ -438,6 +447,13 @@ def _earlier(checkpoint: Path) -> str:
         "no earlier checkpoint is kept (keep_checkpoints keeps more): train without --resume, with a lower "
         "learning rate or amp='no'"
     )
+
+
+def read_data_files(path: Path) -> list[list[dict[str, Any]]] | None:
+    """The training files a checkpoint's run read (``data.json``); ``None`` for a checkpoint without one (written
+    by an earlier embforge). The manifest has verified the file (:func:`load_trainer_state`)."""
+    file = Path(path) / DATA_FILES
+    return _readable(file, _read_json) if file.is_file() else None
 
 
 def read_progress(path: Path) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class TrainConfig:
     dynamic_weights_smoothing: float = 0.5
     dynamic_weights_relative: bool = False
     resume: bool = False
+    allow_data_change: bool = False  # resume even if the training files changed since the checkpoint
     quiet: bool = False
     keep_training_state: bool = False  # keep checkpoints/ after the run (embforge.training.artifacts)
     mini_batch_size: int = 0

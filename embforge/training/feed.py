@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from embforge.data.sources import plan_window, row_count, window_counter
+from embforge.data.identity import identity
+from embforge.data.sources import plan_window, row_count, source_files, window_counter
 from embforge.training.config import TrainConfig
 from embforge.training.sampling import PlannedBatch, TaskPlan, TextKeys, uses_in_batch_negatives
 from embforge.training.state import Progress
@@ -73,6 +74,11 @@ class Feed:
             ],
         )
         return cls(tasks, prepared, inputs, config)
+
+    def files(self) -> list[list[dict[str, Any]]]:
+        """Each task's files with their size and modification time (what a checkpoint records, so that a resume
+        reading other data is refused: :mod:`embforge.data.identity`)."""
+        return identity([source_files(task.data) for task in self.tasks])
 
     def take(self, progress: Progress, weights: Sequence[float]) -> tuple[PreparedTask, PlannedBatch]:
         """The next batch (its prepared task and rows), starting the next epoch when this one is used up."""

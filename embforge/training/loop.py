@@ -82,7 +82,7 @@ def train(
     if config.resume and (done := _finished_run(trainer)) is not None:  # a finished run: nothing to do
         hooks.close()  # a background refresh it may have started
         return done
-    progress = start(trainer)  # step 0, or every piece of state from the last checkpoint
+    progress = start(trainer, feed)  # step 0, or every piece of state from the last checkpoint
     meter = Meter.open(trainer, progress)
     model.train()
     while progress.step < trainer.total_steps:
@@ -179,6 +179,7 @@ def after_step(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter, h
             trainer=trainer.saved(),
             progress=progress,
             keep=config.keep_checkpoints,
+            data_files=trainer.data_files,
         )
     if hooks.on_step is not None:
         hooks.on_step(step)

@@ -59,9 +59,8 @@ from embforge.distill import targets
 from embforge.distill.lists import candidate_lists
 from embforge.kinds import ModelKind, kind_of
 from embforge.losses.base import BaseLoss
-from embforge.training.artifacts import link_identical
+from embforge.training.artifacts import OutputInUse, claim_output, link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
-from embforge.training.config import TrainConfig
 from embforge.training.distributed import barrier, init_from_env, is_main
 from embforge.training.loop import train
 from embforge.training.pipeline_file import (
@@ -305,24 +304,11 @@ def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind = 
         check_stage(stage, i, pipeline, dim=dim, kind=kind)
 
 
-def _with_overrides(
-    config: TrainConfig, seed: int | None, device: str | None, quiet: bool | None
-) -> TrainConfig:
-    return dataclasses.replace(
-        config,
-        seed=config.seed if seed is None else seed,
-        device=config.device if device is None else device,
-        quiet=config.quiet if quiet is None else quiet,
-    )
-
-
-def _overridden(
-    pipeline: Pipeline, *, output: str | None, seed: int | None, device: str | None, quiet: bool | None
-) -> Pipeline:
-    """``pipeline`` with the caller's output folder, and seed, device and progress setting in every stage."""
-    stages = [
-        dataclasses.replace(s, config=_with_overrides(s.config, seed, device, quiet)) for s in pipeline.stages
-    ]
+def _overridden(pipeline: Pipeline, *, output: str | None, overrides: dict[str, Any]) -> Pipeline:
+    """``pipeline`` with the caller's output folder, and the ``overrides`` that are set (seed, device, progress
+    setting ...: TrainConfig fields) in every stage."""
+    values = {key: value for key, value in overrides.items() if value is not None}
+    stages = [dataclasses.replace(s, config=dataclasses.replace(s.config, **values)) for s in pipeline.stages]
     return dataclasses.replace(pipeline, stages=stages, output=pipeline.output if output is None else output)
 
 
@@ -336,6 +322,8 @@ def run_pipeline(
     on_step: Callable[[int, int], None] | None = None,
     resume: bool = True,
     seed: int | None = None,
+    overwrite: bool = False,
+    allow_data_change: bool | None = None,
 ) -> dict[str, Any]:
     """Validate, then run the stages in order, skipping finished ones and resuming an unfinished one.
 
@@ -348,8 +336,11 @@ def run_pipeline(
         quiet: Overrides every stage's progress-bar setting.
         on_step: Called with ``(stage number, step)`` after every optimiser step.
         resume: Skip finished stages and resume the unfinished one from its last checkpoint; with ``False`` an
-            output folder that already holds stages is an error (nothing is overwritten).
+            output folder that is not empty is an error (nothing is overwritten) unless ``overwrite``.
         seed: Overrides every stage's seed (sampling, dropout, new heads and projections).
+        overwrite: Empty an output folder that holds an earlier run first (with ``resume=False``).
+        allow_data_change: Overrides every stage's ``allow_data_change`` (resume although training files
+            changed).
 
     Returns:
         ``{"output", "final", "stages": [per-stage training summaries]}``; the final model is saved in
@@ -357,17 +348,16 @@ def run_pipeline(
     """
     from embforge.encoder import Encoder
 
-    pipeline = _overridden(pipeline, output=output, seed=seed, device=device, quiet=quiet)
+    overrides = {"seed": seed, "device": device, "quiet": quiet, "allow_data_change": allow_data_change}
+    pipeline = _overridden(pipeline, output=output, overrides=overrides)
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
     validate_pipeline(pipeline, dim=model_dim(model), kind=kind_of(model))  # before any training
     out = Path(pipeline.output)
-    started = [stage_dir(pipeline, i) for i in range(1, len(pipeline.stages) + 1)]
-    if not resume and any(folder.exists() for folder in started):
-        raise PipelineError(
-            f"{pipeline.source}: output {str(out)!r} already holds pipeline stages; pass --resume to continue "
-            "them or choose another --output"
-        )
+    try:  # a folder in use: --resume continues its stages, --overwrite empties it (training/artifacts.py)
+        claim_output(out, resume=resume, overwrite=overwrite)
+    except OutputInUse as err:
+        raise PipelineError(f"{pipeline.source}: {err}") from None
     init_from_env()  # torchrun: every process runs every stage (training/distributed.py), rank 0 writes
     barrier()  # every process has looked at the output before any creates a stage folder
     out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from embforge.losses.base import EmbeddingLoss
 from embforge.losses.cross import CrossLoss
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.resolve import DEFAULT_MODEL
+from embforge.training.artifacts import claim_output
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.loop import train
 from embforge.training.tasks import Task
@@ -46,6 +47,7 @@ class RunSpec:
     loss: str | None = None  # None: the model kind's and run's default (resolved_loss)
     loss_options: dict[str, Any] = field(default_factory=dict)
     columns: str | dict[str, str] | None = None
+    header: bool | None = None  # whether CSV/TSV training files have a header row (None: detected)
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
     max_seq_length: int | None = None
@@ -66,6 +68,8 @@ class RunSpec:
     refresh_negatives_every: int = 0
     hard_ratio_start: float = 0.3
     hard_ratio_end: float = 0.9
+    # a new run in a folder that is not empty: refused unless resumed (config.resume) or emptied first
+    overwrite: bool = False
     config: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -213,6 +217,7 @@ def source_options(spec: RunSpec) -> SourceOptions:
     return SourceOptions(
         mode=spec.data_mode,
         columns=spec.columns,
+        header=spec.header,
         max_bad_rows=spec.max_bad_rows,
         window=spec.config.shuffle_window or SourceOptions.window,
         cache_dir=spec.data_cache,
@@ -311,9 +316,12 @@ def run(spec: RunSpec) -> dict[str, Any]:
     """Load the model, build tasks and the evaluator, train, and return the training summary.
 
     What is trained is printed to stderr (model, tasks with rows and loss, evaluation metric), so no default
-    is applied silently. The inputs are checked (:func:`check_inputs`) before the model loads.
+    is applied silently. The inputs are checked (:func:`check_inputs`), and the output folder claimed
+    (:func:`~embforge.training.artifacts.claim_output`: a folder in use needs ``--resume`` or ``--overwrite``),
+    before the model loads.
     """
     check_inputs(spec)
+    claim_output(spec.config.output, resume=spec.config.resume, overwrite=spec.overwrite)
     model = load_model(spec)
     tasks = build_tasks(spec, model) if spec.train or not spec.retrieval_train else []
     evaluator = make_evaluator(spec.eval, model, columns=spec.columns) if spec.eval else None

@@ -63,9 +63,18 @@ class Task:
                 f"{self.data.path}:1: {where} takes at most {loss.max_texts} text column(s), found {columns}"
             )
         if loss.needs_labels and self.data.label_column is None:
+            # the losses whose labels are a teacher's scores: `embforge score` writes them
+            from embforge.distill.targets import SCORE_LOSSES
+
+            hint = (
+                f"; add a teacher's scores of each row's candidates with `embforge score --teacher MODEL --data "
+                f"{self.data.path} --output scored.jsonl` and train on that file"
+                if loss.name in SCORE_LOSSES
+                else ""
+            )
             raise DataError(
                 f"{self.data.path}:1: {where} needs a 'score' or 'label' column; "
-                f"found {list(self.data.columns)}"
+                f"found {list(self.data.columns)}{hint}"
             )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from embforge.data.identity import first_change
 from embforge.files import append_jsonl
 from embforge.merge import layer_depths
 from embforge.modeling.precision import amp_dtype
@@ -23,7 +24,14 @@ from embforge.protocols import TrainableModel
 from embforge.training.anchor import Anchor, start_anchor
 from embforge.training.artifacts import clear_finished
 from embforge.training.averaging import WeightAverage, weight_average
-from embforge.training.checkpoints import Stateful, load_trainer_state, set_rng_state, start_run
+from embforge.training.checkpoints import (
+    CheckpointError,
+    Stateful,
+    load_trainer_state,
+    read_data_files,
+    set_rng_state,
+    start_run,
+)
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.distributed import DataParallel, init_from_env, is_main, rank_device
 from embforge.training.feed import Feed
@@ -131,6 +139,9 @@ class Trainer:
     dynamic: DynamicWeights | None = None  # loss-share task weights (training/weighting.py)
     parallel: DataParallel | None = None  # torchrun: the model in DDP (training/distributed.py)
     resumed_from: Path | None = None
+    data_files: list[list[dict[str, Any]]] = field(
+        default_factory=list
+    )  # each task's files, as checkpoints keep
 
     @property
     def out(self) -> Path:
@@ -213,10 +224,12 @@ def set_up(model: Trainable, tasks: list[Task], config: TrainConfig) -> tuple[Tr
     return trainer, feed
 
 
-def start(trainer: Trainer) -> Progress:
-    """Begin the run: at step 0, or (``config.resume``) from the last checkpoint, every piece of state restored;
-    under torchrun the model is then wrapped in DDP."""
+def start(trainer: Trainer, feed: Feed) -> Progress:
+    """Begin the run: at step 0, or (``config.resume``) from the last checkpoint, every piece of state restored
+    and the training files checked to be the ones it read (:func:`check_data`); under torchrun the model is then
+    wrapped in DDP."""
     config, out = trainer.config, trainer.out
+    trainer.data_files = feed.files()
     if not config.resume and trainer.main:
         clear_finished(out)  # a new run in a finished run's folder (training/artifacts.py)
     log = out / "metrics.jsonl" if trainer.main else None
@@ -224,6 +237,7 @@ def start(trainer: Trainer) -> Progress:
     progress = Progress()
     if checkpoint is not None:
         progress = restore(trainer, checkpoint)
+        check_data(trainer, checkpoint)
         if log is not None:
             append_jsonl(log, {"event": "resume", "from": checkpoint.name, **progress.to_dict()})
     trainer.resumed_from = checkpoint
@@ -233,6 +247,22 @@ def start(trainer: Trainer) -> Progress:
         assert isinstance(trainer.model, nn.Module)  # DDP wraps a torch module (every model kind is one)
         trainer.parallel = DataParallel(trainer.model, gather=config.gather_negatives)
     return progress
+
+
+def check_data(trainer: Trainer, checkpoint: Path) -> None:
+    """Refuse to resume from ``checkpoint`` when the training files it records are not the run's files now (one
+    replaced, rewritten, deleted or added): the resumed run would not continue at the row it stopped at.
+    ``config.allow_data_change`` resumes anyway."""
+    recorded = read_data_files(checkpoint)
+    change = first_change(recorded, trainer.data_files) if recorded is not None else None
+    if change is None or trainer.config.allow_data_change:
+        return
+    detail = f" ({change.detail})" if change.detail else ""
+    raise CheckpointError(
+        f"{change.subject}: {change.what} since {checkpoint.name} was saved{detail}; the resumed run would not "
+        "continue at the row it stopped at: restore the data, train without --resume to start over, or pass "
+        "--allow-data-change to resume anyway"
+    )
 
 
 def restore(trainer: Trainer, checkpoint: Path) -> Progress:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 
 import pytest
@@ -15,6 +16,7 @@ from embforge.data.sources import SourceOptions, StreamSource, hub_rows, open_so
 from embforge.data.tables import DataError, Dataset
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
+from embforge.training.checkpoints import CheckpointError
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import rank_rows
 from embforge.training.loop import train
@@ -138,6 +140,45 @@ def test_an_interrupted_run_resumes_to_the_same_weights_in_every_data_mode(
     assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "checkpoint-25"
     resumed = run(out=tmp_path / "cut", resume=True)
     assert_same_weights(full, resumed)
+
+
+@pytest.mark.parametrize("mode", ["memory", "mmap", "stream"])
+def test_a_resume_whose_training_data_changed_is_refused_naming_the_file(tmp_path, tiny_model_dir, mode):
+    """The checkpoint records each training file's size and modification time: a file replaced (even by the same
+    bytes), or a shard gone from a folder, is refused on resume with one line naming it."""
+    rows = pair_rows(300)
+    if mode == "memory":
+        data = first = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    else:
+        data = tmp_path / "shards"
+        data.mkdir()
+        first = write_jsonl(data / "part-0.jsonl", rows[:150])
+        write_jsonl(data / "part-1.jsonl", rows[150:])
+    run = functools.partial(
+        train_run, data, tmp_path, tiny_model_dir, mode, out=tmp_path / "cut", save_every=2
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run(stop_at=3)
+    original, stamp = first.read_bytes(), first.stat()
+    write_jsonl(first, pair_rows(150, seed=1))  # replaced: other rows
+    with pytest.raises(
+        CheckpointError, match=rf"^{first}: changed since checkpoint-2 was saved \(.*--resume"
+    ):
+        run(resume=True)
+    first.write_bytes(original)  # the same bytes again, but a new modification time: refused unless allowed
+    with pytest.raises(CheckpointError, match=rf"^{first}: changed .*--allow-data-change"):
+        run(resume=True)
+    if mode != "memory":
+        os.utime(first, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # as it was
+        (data / "part-1.jsonl").unlink()
+        with pytest.raises(CheckpointError, match=rf"^{data / 'part-1.jsonl'}: deleted since checkpoint-2"):
+            run(resume=True)
+        write_jsonl(data / "part-1.jsonl", rows[150:])
+    config = TrainConfig(output=str(tmp_path / "cut"), max_steps=6, batch_size=16, shuffle_window=64, resume=True,
+                         allow_data_change=True, quiet=True)  # fmt: skip
+    options = SourceOptions(mode=mode, window=64, cache_dir=str(tmp_path / "cache"))
+    task = Task("pairs", open_source(data, options), get_loss("infonce"))
+    assert train(Encoder.load(tiny_model_dir), [task], config)["steps"] == 6
 
 
 def test_two_ranks_see_disjoint_rows_whose_union_is_the_epoch(pairs):

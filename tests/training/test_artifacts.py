@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
-from embforge.cli import build_parser
+from embforge.cli import build_parser, main
 from embforge.data.tables import read_table
 from embforge.encoder import Encoder
 from embforge.evaluate.sts import sts_evaluator
@@ -56,3 +58,64 @@ def test_keep_training_state_flag_reaches_the_config():
     assert args.keep_training_state is True
     assert spec_from_dict({"keep_training_state": True}).config.keep_training_state is True
     assert TrainConfig().keep_training_state is False
+
+
+def _cli_train(tiny_model_dir, sts_csv, out, *extra):
+    args = ["train", "--model", str(tiny_model_dir), "--train", str(sts_csv), "--output", str(out)]
+    return main([*args, "--max-steps", "2", "--batch-size", "8", "--save-every", "1", "--quiet", *extra])
+
+
+def test_a_used_output_folder_is_refused_without_resume_or_overwrite(
+    tmp_path, tiny_model_dir, sts_csv, capsys
+):
+    out = tmp_path / "run"
+    assert _cli_train(tiny_model_dir, sts_csv, out, "--eval", str(sts_csv)) == 0
+    assert (out / "best").is_dir()
+    before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert _cli_train(tiny_model_dir, sts_csv, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(out) in err and "--resume" in err and "--overwrite" in err
+    assert (out / "metrics.jsonl").read_text() == before  # nothing written, nothing mixed
+    # --overwrite: the previous run's files are gone (best/ of a run with --eval too), a link's target is kept
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    (out / "link").symlink_to(elsewhere, target_is_directory=True)
+    assert _cli_train(tiny_model_dir, sts_csv, out, "--overwrite") == 0
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2] and not (out / "best").exists() and not (out / "link").exists()
+    assert (elsewhere / "keep.txt").read_text() == "mine"
+    # --resume continues the run there (here: finished, nothing to do); both flags at once are refused
+    assert _cli_train(tiny_model_dir, sts_csv, out, "--resume") == 0
+    capsys.readouterr()
+    assert _cli_train(tiny_model_dir, sts_csv, out, "--resume", "--overwrite") == 2
+    assert "pass one of them" in capsys.readouterr().err
+
+
+def test_overwrite_clears_only_a_previous_runs_folder(tmp_path, tiny_model_dir, sts_csv, capsys):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("not a run")
+    assert _cli_train(tiny_model_dir, sts_csv, notes, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert str(notes) in err and "no previous run" in err
+    assert (notes / "todo.txt").read_text() == "not a run"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _cli_train(tiny_model_dir, sts_csv, empty) == 0  # an empty folder is a new run's
+
+
+def test_a_pipeline_output_is_refused_and_overwritten_the_same_way(tmp_path, tiny_model_dir, sts_csv, capsys):
+    from tests.training.test_pipeline import write_pipeline
+
+    path = write_pipeline(tmp_path, tiny_model_dir, sts_csv)
+    out = tmp_path / "piped"
+    assert main(["train", str(path), "--output", str(out)]) == 0
+    (out / "stray.txt").write_text("left by hand")
+    capsys.readouterr()
+    assert main(["train", str(path), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "--resume" in err and "--overwrite" in err
+    assert main(["train", str(path), "--output", str(out), "--overwrite"]) == 0
+    assert not (out / "stray.txt").exists() and (out / "final" / "modules.json").exists()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from embforge.cli import main
 from embforge.data.tables import DataError, read_table
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
@@ -130,6 +131,28 @@ def test_task_validation_names_file_and_column(tmp_path, tiny_encoder):
         Task("p", read_table(pairs), get_loss("cosent")).validate()
     with pytest.raises(DataError, match="needs at least 3 text column"):
         Task("p", read_table(pairs), get_loss("triplet")).validate()
+
+
+def test_a_teacher_score_loss_on_an_unscored_file_points_to_embforge_score(tmp_path):
+    triplets = tmp_path / "triplets.csv"
+    triplets.write_text("anchor,positive,negative\na cat,a dog,a car\n")
+    for name in ("margin_mse", "kl_distill"):
+        with pytest.raises(
+            DataError, match=rf"triplets\.csv:1: .*{name}.*`embforge score --teacher MODEL --data "
+        ):
+            Task("t", read_table(triplets), get_loss(name)).validate()
+
+
+def test_train_takes_the_no_header_its_error_advises(tmp_path, tiny_model_dir, capsys):
+    """A first row that looks like a header (words above sentences) but is data: train says --no-header, and
+    takes it."""
+    path = tmp_path / "pairs.csv"
+    path.write_text("hello,goodbye\n" + "".join(f"a man plays {i},a man is playing {i}\n" for i in range(8)))
+    args = ["train", "--model", str(tiny_model_dir), "--train", str(path), "--loss", "infonce", "--quiet"]
+    args += ["--max-steps", "1", "--batch-size", "4", "--save-every", "0"]
+    assert main([*args, "--output", str(tmp_path / "a")]) == 2
+    assert "pass --no-header if the first row is data" in capsys.readouterr().err
+    assert main([*args, "--output", str(tmp_path / "b"), "--no-header"]) == 0
 
 
 def test_simcse_feeds_one_column_twice(tmp_path, tiny_encoder):
