@@ -152,6 +152,7 @@ def after_step(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter, h
     config, step = trainer.config, progress.step
     last = step == trainer.total_steps
     meter.bar.update(1)
+    trainer.host_memory.after_step()  # resident memory flat in the number of steps (CPU tensors of every shape)
     if trainer.average is not None:  # after the last step the model holds the average: evaluated, saved
         trainer.average.update(trainer.model, step)
     if trainer.anchor is not None and last:  # WiSE-FT: the final weights mixed with the starting ones

@@ -35,6 +35,7 @@ from embforge.training.checkpoints import (
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.distributed import DataParallel, init_from_env, is_main, rank_device
 from embforge.training.feed import Feed
+from embforge.training.host_memory import HostMemory
 from embforge.training.state import Progress
 from embforge.training.tasks import Task
 from embforge.training.weighting import DynamicWeights
@@ -139,6 +140,8 @@ class Trainer:
     dynamic: DynamicWeights | None = None  # loss-share task weights (training/weighting.py)
     parallel: DataParallel | None = None  # torchrun: the model in DDP (training/distributed.py)
     resumed_from: Path | None = None
+    # freed heap pages handed back to the system (training/host_memory.py)
+    host_memory: HostMemory = field(default_factory=HostMemory)
     data_files: list[list[dict[str, Any]]] = field(
         default_factory=list
     )  # each task's files, as checkpoints keep
