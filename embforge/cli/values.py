@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from embforge import ranges
+
 T = TypeVar("T")
 
 
@@ -42,37 +44,17 @@ class Checked(Generic[T]):
 
 def integer(low: int, high: int | None = None, *, name: str | None = None) -> Checked[int]:
     """Integers from ``low`` to ``high`` (no limit when ``None``)."""
-    if high is not None:
-        expected = f"an integer from {low} to {high}"
-    else:
-        expected = "a positive integer" if low == 1 else f"an integer >= {low}"
-    return Checked(
-        name or f"integer({low}, {high})",
-        int,
-        lambda v: low <= v and (high is None or v <= high),
-        expected,
-        "N",
-    )
+    allowed = ranges.integers(low, high)
+    return Checked(name or f"integer({low}, {high})", int, allowed.accept, allowed.expected, "N")
 
 
 def number(
     low: float = -math.inf, high: float = math.inf, *, open_low: bool = False, open_high: bool = False
 ) -> Checked[float]:
     """Finite numbers between ``low`` and ``high`` (excluded when ``open_low`` / ``open_high``); NaN and the
-    infinities never pass (a NaN compares false with every bound, so it is refused explicitly)."""
-
-    def accept(value: float) -> bool:
-        above = value > low if open_low else value >= low
-        below = value < high if open_high else value <= high
-        return math.isfinite(value) and above and below
-
-    if math.isinf(low) and math.isinf(high):
-        expected = "a finite number"
-    elif math.isinf(high):
-        expected = f"a finite number {'>' if open_low else '>='} {low:g}"
-    else:
-        expected = f"a number in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-    return Checked(f"number({low}, {high})", float, accept, expected, "X")
+    infinities never pass (:func:`embforge.ranges.finite`, the check the library's configs make too)."""
+    allowed = ranges.finite(low, high, open_low=open_low, open_high=open_high)
+    return Checked(f"number({low}, {high})", float, allowed.accept, allowed.expected, "X")
 
 
 positive_int = integer(1, name="positive_int")

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from embforge._optional import require
 from embforge.modeling.module import TransformerModule
 from embforge.modeling.resolve import hf_quiet
+from embforge.ranges import POSITIVE, check
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -71,8 +72,7 @@ class LoraConfig:
             raise ValueError(f"lora r must be >= 0, got {self.r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora dropout must be in [0, 1), got {self.dropout}")
-        if self.alpha is not None and self.alpha <= 0:
-            raise ValueError(f"lora alpha must be > 0, got {self.alpha}")
+        check("lora alpha", self.alpha, POSITIVE, optional=True)
 
     @property
     def enabled(self) -> bool:

@@ -4,6 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embforge.ranges import NON_NEGATIVE, POSITIVE_INT, SECONDS, Range, check
+
+# the numeric fields' ranges: the CLI's flags' (embforge.cli.serve)
+_RANGES: dict[str, Range] = {
+    "max_batch_size": POSITIVE_INT,
+    "max_batch_tokens": POSITIVE_INT,
+    "max_queue": POSITIVE_INT,
+    "max_wait_ms": NON_NEGATIVE,
+    "max_inputs": POSITIVE_INT,
+    "max_chars": POSITIVE_INT,
+    "max_body_bytes": POSITIVE_INT,
+    "request_timeout_s": SECONDS,
+    "default_top_k": POSITIVE_INT,
+    "header_timeout_s": SECONDS,
+    "body_timeout_s": SECONDS,
+    "keep_alive_s": SECONDS,
+    "max_connections": POSITIVE_INT,
+}
+
 
 @dataclass
 class ServeConfig:
@@ -51,25 +70,10 @@ class ServeConfig:
     max_connections: int = 1024
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_batch_size",
-            "max_batch_tokens",
-            "max_queue",
-            "max_inputs",
-            "max_chars",
-            "max_body_bytes",
-            "default_top_k",
-            "max_connections",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ServeConfig.{name} must be at least 1, got {getattr(self, name)}")
+        for name, allowed in _RANGES.items():
+            check(f"ServeConfig.{name}", getattr(self, name), allowed)
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError(
                 "the API key (--api-key) is empty or only whitespace: give a key, or leave --api-key out to "
                 "serve without auth"
             )
-        if self.max_wait_ms < 0 or self.request_timeout_s <= 0:
-            raise ValueError("ServeConfig.max_wait_ms must be >= 0 and request_timeout_s > 0")
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ServeConfig.{name} must be > 0, got {getattr(self, name)}")

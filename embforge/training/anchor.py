@@ -63,6 +63,7 @@ from torch import Tensor
 from embforge.kinds import is_single_vector, kind_of
 from embforge.merge import layer_scales
 from embforge.protocols import TrainableModel
+from embforge.ranges import NON_NEGATIVE, check, integers
 from embforge.training.fisher import fisher_diagonal, probe_texts
 
 if TYPE_CHECKING:
@@ -169,14 +170,9 @@ def start_anchor(model: TrainableModel, tasks: Sequence[Task], config: TrainConf
 
 def check_anchor(config: TrainConfig) -> None:
     """Validate a config's ``l2sp`` / ``ewc`` / ``ewc_texts`` / ``wise_ft`` / ``lines`` fields."""
-    if config.l2sp < 0:
-        raise ValueError(f"l2sp must be >= 0 (0 = no pull toward the start), got {config.l2sp}")
-    if config.ewc < 0:
-        raise ValueError(f"ewc must be >= 0 (0 = no pull toward the start), got {config.ewc}")
-    if config.ewc_texts < 3:
-        raise ValueError(
-            f"ewc_texts must be >= 3 (texts the Fisher information is estimated on), got {config.ewc_texts}"
-        )
+    check("l2sp", config.l2sp, NON_NEGATIVE, hint="0 = no pull toward the start")
+    check("ewc", config.ewc, NON_NEGATIVE, hint="0 = no pull toward the start")
+    check("ewc_texts", config.ewc_texts, integers(3), hint="texts the Fisher information is estimated on")
     if config.wise_ft is not None and not 0.0 <= config.wise_ft <= 1.0:
         raise ValueError(
             f"wise_ft must be in [0, 1] (1 = the fine-tuned weights alone), got {config.wise_ft}"

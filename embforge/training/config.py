@@ -8,9 +8,50 @@ from dataclasses import dataclass
 
 from embforge.modeling.lora import LoraConfig
 from embforge.modeling.precision import check_amp
+from embforge.ranges import (
+    FINITE,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    RATIO,
+    SEED,
+    Range,
+    check,
+    check_fields,
+    finite,
+)
 from embforge.training.anchor import check_anchor
 from embforge.training.averaging import check_averaging
 from embforge.training.sampling import STRATEGIES
+
+LAYER_DECAY = finite(0, 1, open_low=True)
+
+# the numeric fields' ranges (the averaging and anchor fields are checked by their modules)
+_RANGES: dict[str, Range] = {
+    "epochs": POSITIVE_INT,
+    "max_steps": POSITIVE_INT,  # or None: epochs
+    "batch_size": POSITIVE_INT,
+    "lr": POSITIVE,
+    "weight_decay": NON_NEGATIVE,
+    "warmup_ratio": RATIO,
+    "max_grad_norm": NON_NEGATIVE,  # 0 = no clipping
+    "grad_accum": POSITIVE_INT,
+    "seed": SEED,
+    "eval_every": NON_NEGATIVE_INT,  # 0 = at the end only
+    "save_every": NON_NEGATIVE_INT,  # 0 = no checkpoints
+    "keep_checkpoints": NON_NEGATIVE_INT,  # 0 = keep them all
+    "log_every": POSITIVE_INT,
+    "chunk_tokens": POSITIVE_INT,  # or None: the default
+    "shuffle_window": NON_NEGATIVE_INT,  # 0 = a whole task
+    "sampling_alpha": FINITE,
+    "dynamic_weights_every": NON_NEGATIVE_INT,  # 0 = fixed weights
+    "dynamic_weights_smoothing": RATIO,
+    "mini_batch_size": NON_NEGATIVE_INT,  # 0 = no cached step
+    "lora_r": NON_NEGATIVE_INT,  # 0 = full fine-tuning
+    "lora_alpha": POSITIVE,  # or None: 2 * lora_r
+    "lora_dropout": finite(0, 1, open_high=True),
+}
 
 
 @dataclass
@@ -87,19 +128,8 @@ class TrainConfig:
     ewc_texts: int = 2048  # texts of the run's tasks the starting model's Fisher information is estimated on
 
     def __post_init__(self) -> None:
-        if self.mini_batch_size < 0:
-            raise ValueError(f"mini_batch_size must be >= 0 (0 = no cached step), got {self.mini_batch_size}")
-        if self.shuffle_window < 0:
-            raise ValueError(f"shuffle_window must be >= 0 (0 = a whole task), got {self.shuffle_window}")
-        for name in ("epochs", "batch_size", "grad_accum", "chunk_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 < self.layer_lr_decay <= 1.0:
-            raise ValueError(
-                f"layer_lr_decay must be in (0, 1] (1 = every layer at the full rate), got {self.layer_lr_decay}"
-            )
+        check_fields(self, _RANGES, optional=frozenset({"max_steps", "chunk_tokens", "lora_alpha"}))
+        check("layer_lr_decay", self.layer_lr_decay, LAYER_DECAY, hint="1 = every layer at the full rate")
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
         check_amp(self.amp)
@@ -112,7 +142,8 @@ def planned_steps(sizes: Sequence[int | None], config: TrainConfig) -> int:
     """Optimiser steps of a run over tasks of ``sizes`` rows: ``max_steps``, else ``epochs`` passes over every
     task in batches of ``batch_size`` with ``grad_accum`` batches per step. The one count every schedule uses
     (learning rate, hard-negative ratio)."""
-    if config.max_steps:
+    if config.max_steps is not None:
+        check("max_steps", config.max_steps, POSITIVE_INT)
         return config.max_steps
     if any(n is None for n in sizes):
         raise ValueError("a streamed data set of unknown length needs max_steps (--max-steps N)")

@@ -88,7 +88,10 @@ def spec_from_dict(values: dict[str, Any], *, source: str = "config") -> RunSpec
     spec_values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
     if isinstance(spec_values.get("train"), str):
         spec_values["train"] = [spec_values["train"]]
-    config = TrainConfig(**{k: v for k, v in values.items() if k in _CONFIG_FIELDS})
+    try:
+        config = TrainConfig(**{k: v for k, v in values.items() if k in _CONFIG_FIELDS})
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
     return RunSpec(**spec_values, config=config)
 
 

@@ -106,7 +106,7 @@ def test_resume_pulls_toward_the_run_start_not_the_checkpoint(tmp_path, sts_csv)
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"l2sp": -1.0}, "l2sp must be >= 0"),
+        ({"l2sp": -1.0}, "l2sp must be a finite number >= 0"),
         ({"wise_ft": 1.5}, r"wise_ft must be in \[0, 1\]"),
         ({"lines": -0.1}, r"lines must be in \[0, 1\]"),
     ],

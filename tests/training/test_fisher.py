@@ -119,7 +119,10 @@ def test_resume_recomputes_the_same_fisher(tmp_path, sts_csv):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"ewc": -1.0}, "ewc must be >= 0"), ({"ewc_texts": 2}, "ewc_texts must be >= 3")],
+    [
+        ({"ewc": -1.0}, "ewc must be a finite number >= 0"),
+        ({"ewc_texts": 2}, "ewc_texts must be an integer >= 3"),
+    ],
 )
 def test_bad_ewc_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

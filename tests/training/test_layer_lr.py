@@ -41,7 +41,7 @@ def test_a_model_without_numbered_layers_is_refused_by_name():
 
 @pytest.mark.parametrize("value", [0.0, -0.5, 1.5])
 def test_a_decay_outside_0_to_1_is_refused(value):
-    with pytest.raises(ValueError, match=r"layer_lr_decay must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"layer_lr_decay must be a number in \(0, 1\]"):
         TrainConfig(layer_lr_decay=value)
 
 

@@ -173,7 +173,7 @@ def test_simcse_feeds_one_column_twice(tmp_path, tiny_encoder):
 
 
 def test_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         TrainConfig(batch_size=0)
     with pytest.raises(ValueError, match="amp must be"):
         TrainConfig(amp="fp8")
