@@ -144,7 +144,8 @@ def add_data_args(parser: argparse.ArgumentParser, *, flag: str = "--data", requ
         default=None,
         help="map source columns (header names, spaces and '#' allowed, or 0-based positions) to standard "
         "names, e.g. '0=sentence1,1=sentence2,2=score' or 'Quality=label,#1 String=sentence1,#2 String=sentence2'; "
-        "other columns are ignored",
+        "columns not named keep their standard names (one whose name a mapped column takes is left out), "
+        "others are left out",
     )
     parser.add_argument(
         "--header",

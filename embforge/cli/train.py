@@ -92,7 +92,8 @@ _FLAGS: list[tuple[str, str, Callable[[str], object], str]] = [
         "--columns",
         "columns",
         str,
-        "column mapping, e.g. '0=sentence1,1=sentence2,2=score' (default: the file's column names)",
+        "column mapping, e.g. '0=sentence1,1=sentence2,2=score'; columns not named keep their standard names "
+        "(default: the file's column names)",
     ),
     (
         "--data-mode",

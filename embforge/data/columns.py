@@ -1,7 +1,9 @@
 """Standard column names, column mappings, and the strict number parsing every reader shares.
 
 A *mapping* ``{"source": "standard"}`` names a file's columns: a source is a header name (any text, spaces and
-``#`` included) or a 0-based position. Standard names are matched whatever their case (``Sentence1``).
+``#`` included) or a 0-based position. Standard names are matched whatever their case (``Sentence1``). The
+columns a mapping does not name keep their standard names, unless a mapped column takes that name (``category=label``
+on ``text, category, label`` reads ``text`` and the ``category`` column as ``label``); others are left out.
 
 Numbers are parsed strictly: decimal literals only (``4``, ``-0.5``, ``1e-3``), no underscores (``1_0``), no
 hexadecimal, no booleans, and a score must be finite.

@@ -139,7 +139,11 @@ def _spaced(text: str) -> bool:
 
 
 def header_names(cells: list[str], mapping: dict[str, str], where: str) -> list[str | None]:
-    """Standard names for a header's columns (``None``: not used), refusing unknown and duplicate names."""
+    """Standard names for a header's columns (``None``: not used), refusing unknown and duplicate names.
+
+    With a ``mapping`` the columns it names take its names; the others keep their own if those are standard
+    names the mapping does not give (as ``datasets``' ``rename_columns``), and other columns are left out.
+    """
     names = [c.strip() for c in cells]
     keys = [standard_name(n) or n for n in names]
     resolved: dict[int, str] = {}
@@ -152,6 +156,10 @@ def header_names(cells: list[str], mapping: dict[str, str], where: str) -> list[
                     f"{', '.join(map(repr, names))})"
                 )
             resolved[index] = target
+        taken = set(resolved.values())  # a column the mapping renames takes the place of one with that name
+        for i, key in enumerate(keys):
+            if i not in resolved and standard_name(names[i]) and key not in taken:
+                resolved[i] = key  # not named by the mapping: kept under its own (standard) name
     else:
         unknown = [n for n in names if standard_name(n) is None]
         if unknown:
@@ -160,7 +168,8 @@ def header_names(cells: list[str], mapping: dict[str, str], where: str) -> list[
                 f"{where} the header has columns embforge does not know: {', '.join(map(repr, unknown))}; say "
                 f"which columns to use and what they are with --columns 'SOURCE=STANDARD,...' (e.g. --columns "
                 f"'{example}'; standard names: sentence1, sentence2, score, anchor, positive, negative[_N], text, "
-                "label; other columns are ignored), or pass --no-header if the first row is data"
+                "label; columns not named keep their standard names, others are left out), or pass --no-header if the "
+                "first row is data"
             )
         resolved = {i: key for i, key in enumerate(keys)}
     for i in resolved:

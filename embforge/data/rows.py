@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embforge._optional import require
-from embforge.data.columns import standard_mapping
+from embforge.data.columns import as_integer, standard_mapping
 from embforge.data.delimited import decoded_lines, delimited_rows, header_names
 from embforge.data.tables import check_value, json_target
 from embforge.files import DataError
@@ -66,7 +66,8 @@ def over_limit(message: str, limit: int) -> DataError:
 def check_row(where: str, line: int, row: dict[str, object], expected: list[str] | None) -> dict[str, object]:
     """``row`` with each value checked as :func:`~embforge.data.tables.read_table` checks it.
 
-    Labels must be integers here (class names need the whole file: read it in memory).
+    Labels must be integers here, ``"1"`` in a CSV cell included (class names need the whole file: read it in
+    memory).
     """
     if expected is not None:
         for name in expected:
@@ -76,7 +77,10 @@ def check_row(where: str, line: int, row: dict[str, object], expected: list[str]
             if name not in expected:
                 raise DataError(f"{where}:{line}: column {name!r}: not present in earlier rows")
     checked = {name: check_value(Path(where), line, name, value) for name, value in row.items()}
-    if isinstance(checked.get("label"), str):
+    label = checked.get("label")
+    if isinstance(label, str) and as_integer(label) is not None:  # a CSV/TSV cell holds "1" as text
+        checked["label"] = as_integer(label)
+    elif isinstance(label, str):
         raise DataError(
             f"{where}:{line}: column 'label': {checked['label']!r} is a class name; a streamed or memory-mapped "
             "file needs integer labels (or read it with --data-mode memory)"

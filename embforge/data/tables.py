@@ -11,7 +11,8 @@ columns                                     meaning
 ==========================================  ==============================================
 
 Files with other names, or without a header, take a ``columns`` mapping ``{"source": "standard"}`` whose keys
-are header names or 0-based column positions. Every problem names the file, the line and the column.
+are header names or 0-based column positions; it renames those and keeps the file's other standard columns
+(as ``datasets``' ``rename_columns``). Every problem names the file, the line and the column.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def read_table(
         path: ``.csv``, ``.tsv``/``.txt``/other (tab-separated), ``.jsonl``/``.json`` (one object per line) or
             ``.parquet``.
         columns: Mapping from source column (header name, JSON key or 0-based position) to standard name, as a
-            dict or ``"Quality=label,#1 String=sentence1"``. Unmapped columns are ignored.
+            dict or ``"Quality=label,#1 String=sentence1"``. Columns it does not name keep their standard names
+            (one whose name a mapped column takes is left out); columns with other names are left out.
         header: Whether a CSV/TSV file has a header row; ``None`` detects it from the content (see
             :mod:`embforge.data.delimited`); a mapping that names columns implies one.
         label_set: Allowed integer labels; any other label is an error naming its line.
@@ -170,8 +172,8 @@ def _jsonl_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
 
 
 def json_target(key: str, position: int, keys: list[str], mapping: dict[str, str]) -> str | None:
-    """The column a JSON object's ``key`` (at ``position`` among ``keys``) fills: its standard name, or the one
-    ``mapping`` gives it; ``None`` when the mapping leaves it out."""
+    """The column a JSON object's ``key`` (at ``position`` among ``keys``) fills: the one ``mapping`` gives it,
+    else its standard name unless the mapping gives that name to another key; ``None``: left out."""
     if not mapping:
         return standard_name(key)
     if key in mapping:
@@ -179,7 +181,10 @@ def json_target(key: str, position: int, keys: list[str], mapping: dict[str, str
     folded = [k for k in mapping if k.casefold() == key.casefold() and k not in keys]
     if len(folded) == 1:
         return mapping[folded[0]]
-    return mapping.get(str(position))
+    if str(position) in mapping:
+        return mapping[str(position)]
+    own = standard_name(key)
+    return own if own not in mapping.values() else None
 
 
 def _parquet_rows(path: Path, mapping: dict[str, str]) -> Iterator[Row]:
