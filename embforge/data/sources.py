@@ -165,6 +165,7 @@ class StreamSource(NamedColumns):
         if first is None:
             raise DataError(f"{path}:1: the data has no rows")
         self.columns = [c for c in first if not c.startswith("_")]
+        self._keys = [key for key in first if key != BAD]  # what a buffered window holds, empty or not
         self._iter: Iterator[Mapping[str, object]] | None = None
         self._read = 0  # rows taken from self._iter
         self._start = -1  # first position of the buffered window
@@ -205,7 +206,7 @@ class StreamSource(NamedColumns):
         self._read += skipped
         records = list(itertools.islice(self._iter, self.window))
         self._read += len(records)
-        self._buffer = {name: [r[name] for r in records] for name in (records[0] if records else {LINE: 0})}
+        self._buffer = {name: [r[name] for r in records] for name in self._keys}
         self._start = start
         self.windows_read += 1
         if len(records) < self.window and self._num_rows is None:

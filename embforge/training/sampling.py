@@ -188,6 +188,8 @@ class _TaskOrder:
         self.cut_rows = 0
         self.pass_ended = False  # pass 0 is cut to its end
         self.last_size = 0
+        self.ahead = False  # a stream's full window used up: read the next one before counting the pass
+        self.last_drawn = -1  # the cursor drawn() was last told of
 
     def get(self, cursor: int) -> tuple[int, ...]:
         if cursor < self.first:
@@ -197,6 +199,7 @@ class _TaskOrder:
         return self.batches[cursor - self.first]
 
     def _next_window(self) -> None:
+        self.ahead = False
         self.first += len(self.batches)
         k = self.window + 1
         start, size = self.plan.window_span(self.task, k)
@@ -212,8 +215,20 @@ class _TaskOrder:
             self.cut_batches += len(self.batches)
             self.cut_rows += size
 
+    def drawn(self, cursor: int) -> None:
+        """Batch ``cursor`` was drawn: after the last batch of a stream's full window, the pass is counted only once
+        the next window is read (:meth:`pass_batches`; not now, while that batch's rows are still to be fetched)."""
+        if cursor == self.last_drawn:
+            return
+        self.last_drawn = cursor
+        full = self.last_size == self.plan.windows[self.task] and self.plan.sizes[self.task] is None
+        self.ahead = full and self.pass_ == 0 and cursor + 1 == self.first + len(self.batches)
+
     def pass_batches(self) -> float:
         """Batches in the task's first pass: exact for the windows cut, estimated (no deferrals) for the rest."""
+        if self.ahead and not self.pass_ended:  # a stream ending at a window's end: the next window is empty
+            self.ahead = False
+            self.pass_ended = self.plan.window_span(self.task, self.window + 1)[1] == 0
         if self.pass_ended or self.pass_ > 0:
             return self.cut_batches
         size, window, b = self.plan.sizes[self.task], self.plan.windows[self.task], self.plan.batch_size
@@ -341,6 +356,7 @@ class TaskPlan:
         for order, cursor in zip(self.orders, cursors):
             if cursor > 0:
                 order.get(cursor - 1)
+                order.drawn(cursor - 1)
 
     def ended(self, progress: Progress) -> bool:
         """Whether ``progress`` has taken every batch of this epoch."""
@@ -356,7 +372,9 @@ class TaskPlan:
         task = min(int(np.searchsorted(np.cumsum(p), self._draw(position), side="right")), len(p) - 1)
         while p[task] == 0:  # float round-off at the top end of the cumulative sum
             task -= 1
-        return PlannedBatch(task, self.orders[task].get(cursors[task]))
+        rows = self.orders[task].get(cursors[task])
+        self.orders[task].drawn(cursors[task])
+        return PlannedBatch(task, rows)
 
     def take(self, progress: Progress, weights: Sequence[float]) -> PlannedBatch:
         """The next batch for a trainer's ``progress`` (its ``position`` and ``cursors``), advancing both."""

@@ -96,6 +96,15 @@ def test_a_stream_is_read_a_window_at_a_time(pairs):
     assert row_count(stream) == 300  # known once the stream has ended
 
 
+def test_a_stream_that_ends_at_a_window_end_is_read_to_its_end_once(tmp_path):
+    """256 rows in windows of 64: the window after the last one is empty, which ends the epoch after the 256 rows."""
+    path = write_jsonl(tmp_path / "even.jsonl", [{"anchor": f"{r['anchor']} {i}", "positive": r["positive"]}
+                                                   for i, r in enumerate(pair_rows(256))])  # fmt: skip
+    stream = open_source(path, SourceOptions(mode="stream", window=64))
+    batches = plan_batches(stream, 64)
+    assert sorted(r for rows, _ in batches for r in rows) == list(range(256)) and row_count(stream) == 256
+
+
 def train_run(path, tmp_path, model_dir, mode, *, out, stop_at=None, resume=False, save_every=2, max_steps=6):
     options = SourceOptions(mode=mode, window=64, cache_dir=str(tmp_path / "cache"))
     config = TrainConfig(

@@ -141,3 +141,17 @@ def test_which_losses_get_distinct_batches():
     assert uses_in_batch_negatives(SimCSELoss())
     assert uses_in_batch_negatives(MatryoshkaLoss(InfoNCELoss(), [8, 16]))
     assert not uses_in_batch_negatives(CoSENTLoss())
+
+
+def test_a_stream_that_ends_at_a_window_end_gives_each_row_once_an_epoch():
+    """128 rows in windows of 32: the epoch ends after the fourth window's batches; the fifth, empty, is read
+    after the fourth's last batch, not discovered by drawing a batch of the next pass into this epoch."""
+    rows, window = 128, 32
+    plan = TaskPlan(
+        [None], 8, seed=1, epoch=0, windows=[window], counts=[lambda s, e: max(0, min(e, rows) - s)]
+    )
+    progress = Progress()
+    taken: list[int] = []
+    while progress.position < len(plan):
+        taken += plan.take(progress, [1.0]).rows
+    assert sorted(taken) == list(range(rows)) and progress.position == 16
