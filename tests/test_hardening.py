@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +30,6 @@ from safetensors.torch import load_file, save_file
 
 from embforge.cli import build_parser, main
 from embforge.data.tables import read_table
-from embforge.data.texts import ControlCharacterWarning
 from embforge.encoder import Encoder
 from embforge.files import DataError
 from embforge.losses import LOSSES
@@ -164,26 +165,27 @@ def test_a_nul_byte_in_a_text_is_an_error_naming_its_place(tmp_path):
         (
             "sts.tsv",
             "sentence1\tsentence2\tscore\na cat\ta dog\t1\nthe sun\x07\train\t2\n",
-            r"sts.tsv: 1 text\(s\) held control characters.*sts.tsv:3: column 'sentence1': U\+0007",
+            r"sts.tsv:3: column 'sentence1', character 8: control character U\+0007 \(BELL\) removed \(1 text",
             "sentence1",
             "the sun",
         ),
         (
             "pairs.jsonl",
             '{"anchor": "a cat", "positive": "a \\u001b[31mdog\\u0012s"}\n',
-            r"pairs.jsonl: 1 text\(s\) held control characters.*pairs.jsonl:1: column 'positive': U\+001B",
+            r"pairs.jsonl:1: column 'positive', character 3: control character U\+001B \(ESCAPE\) removed \(1 text",
             "positive",
             "a [31mdogs",
         ),
     ],
 )
 def test_other_control_characters_are_replaced_counted_and_named(
-    tmp_path, name, content, where, column, text
+    tmp_path, caplog, name, content, where, column, text
 ):
     path = tmp_path / name
     path.write_text(content, encoding="utf-8")
-    with pytest.warns(ControlCharacterWarning, match=where):
+    with caplog.at_level(logging.WARNING, logger="embforge.data"):
         data = read_table(path)
+    assert len(caplog.records) == 1 and re.search(where, caplog.records[0].getMessage())
     assert text in data.columns[column]
 
 

@@ -209,7 +209,7 @@ def _validate(
     path: Path, rows: Iterator[Row], label_set: Sequence[int] | None, label_names: Sequence[str] | None
 ) -> Dataset:
     data = Dataset(str(path))
-    controls = ControlCharacters(path)  # replaced by spaces, counted, one warning (data/texts.py)
+    controls = ControlCharacters(path)  # removed, counted, one notice per file (data/texts.py)
     expected: list[str] | None = None
     for line, row in rows:
         if expected is None:

@@ -6,8 +6,9 @@
   Embedding it would give a vector of the special tokens alone, the same for every such text.
 * **Control characters**: a NUL (U+0000) in a text is an error naming the place: it marks a binary file or a
   UTF-16 file read as UTF-8, not text. Other control characters (U+0001-U+001F and U+007F-U+009F but tab, line
-  feed and carriage return) are removed, as BERT's tokenizer would drop them, and the reader warns once per file
-  with their count and the first place (real data has a few: STS-B train holds one U+0012 for an apostrophe).
+  feed and carriage return) are removed, as BERT's tokenizer would drop them, and the reader says so in one line
+  (logger ``embforge.data``) once per file, with their count and the first place (real data has a few: STS-B train
+  holds one U+0012 for an apostrophe).
 
 >>> is_blank(" \\u200b\\t"), is_blank("a\\u200bcat")
 (True, False)
@@ -17,9 +18,9 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
-import warnings
 from pathlib import Path
 
 from embforge.files import DataError
@@ -44,13 +45,13 @@ def replace_controls(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-class ControlCharacterWarning(UserWarning):
-    """A file's texts held control characters, which were removed."""
+log = logging.getLogger("embforge.data")
+_SAID: set[tuple[str, int, int, str]] = set()  # (file, size, mtime, notice): each said once per process
 
 
 class ControlCharacters:
     """The control characters of one file's texts: a NUL is an error, others are removed and counted;
-    :meth:`warn` says how many and where the first was, once."""
+    :meth:`warn` says how many and where the first was, in one line."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = path
@@ -69,17 +70,30 @@ class ControlCharacters:
                 "(a binary file, or UTF-16 read as UTF-8?); save the file as UTF-8 text without NUL bytes"
             )
         self.texts += 1
-        self.first = self.first or f"{place}: {describe_control(text, position)}"
+        if self.first is None:
+            char = text[position]
+            name = unicodedata.name(char, "") or _CONTROL_NAMES.get(ord(char))
+            described = f"U+{ord(char):04X}" + (f" ({name})" if name else "")
+            self.first = f"{place}, character {position + 1}: control character {described}"
         return replace_controls(text)
 
     def warn(self) -> None:
-        if self.texts:
-            warnings.warn(
-                f"{self.path}: {self.texts} text(s) held control characters, removed (the first at "
-                f"{self.first})",
-                ControlCharacterWarning,
-                stacklevel=4,  # the caller of read_table
-            )
+        """Log (logger ``embforge.data``, level WARNING: one line on stderr when logging is not set up) where the
+        first control character was and that every one was removed; once per file and contents per process, not
+        on every read of it (a run reads a file in several stages). A log record, not a Python warning: a warning
+        prints the source line of its caller, which tells the reader of a data file nothing."""
+        if not self.texts:
+            return
+        texts = "1 text of this file" if self.texts == 1 else f"{self.texts} texts of this file"
+        notice = f"{self.first} removed ({texts} held control characters; each was removed)"
+        try:
+            stat = Path(self.path).stat()
+            key = (str(self.path), stat.st_size, stat.st_mtime_ns, notice)
+        except OSError:
+            key = (str(self.path), -1, -1, notice)
+        if key not in _SAID:
+            _SAID.add(key)
+            log.warning(notice)
 
 
 def describe_control(text: str, position: int) -> str:
