@@ -144,8 +144,8 @@ def test_resume_of_a_finished_run_exits_0_saying_there_is_nothing_to_do(
     captured = capsys.readouterr()
     assert "nothing to do" in captured.err
     assert json.loads(captured.out.splitlines()[-1])["nothing_to_do"] is True
-    # a new run (no --resume) in the same folder trains again
-    assert main([*args[:-1]]) == 0
+    # a new run (no --resume) in the same folder trains again once told to delete the finished one
+    assert main([*args[:-1], "--overwrite"]) == 0
     assert "nothing to do" not in capsys.readouterr().err
 
 

@@ -301,8 +301,8 @@ _SWITCHES: list[tuple[str, str, str]] = [
     (
         "output",
         "--overwrite",
-        "delete what an earlier run left in --output before starting (without it, and without --resume, a folder "
-        "that is not empty is refused)",
+        "delete what an earlier run left in --output before starting (default off: a folder that is not empty is "
+        "refused unless --resume continues it)",
     ),
     (
         "output",
