@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch import Tensor
     from typing_extensions import Unpack
 
-    from embforge.kinds import ModelKind
+    from embforge.kind_names import ModelKind
 
 # What every model kind's ``load`` takes (and each helper that finds a model's folder): a model folder, a known
 # alias (all-MiniLM-L6-v2) or a Hub id; and where the loaded model goes (None: where it was built, the CPU).
@@ -64,7 +64,12 @@ class TextTokenizing(Protocol):
 
     def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str: ...
 
-    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]: ...
+    def tokenize_ids(
+        self, texts: Sequence[str], *, prefix: str = "", is_query: bool = False
+    ) -> list[list[int]]:
+        """Token ids of ``texts``; ``is_query``: the texts are queries (the one way a query column is marked:
+        a kind that treats queries apart — ColBERT's marker, inference-free SPLADE's table — does it here)."""
+        ...
 
 
 class BatchOptions(TypedDict, total=False):

@@ -12,7 +12,7 @@ import pytest
 from embforge.cross_encoder import CrossEncoder
 from embforge.encoder import Encoder
 from embforge.evaluate.matryoshka import TruncatedModel
-from embforge.kinds import MODEL_CLASSES, ModelKind, is_pair_scorer, kind_of, model_class
+from embforge.kinds import KINDS, ModelKind, is_pair_scorer, kind_of, model_class
 from embforge.losses import LOSSES
 from embforge.losses.base import BaseLoss, EmbeddingLoss
 from embforge.losses.cross import CROSS_LOSSES, CrossLoss
@@ -26,7 +26,7 @@ SNIFFED = ("score_ids", "predict", "encode", "state_dict", "scores_in", "embed_i
 
 @pytest.mark.parametrize("kind", list(ModelKind))
 def test_every_model_class_declares_its_kind(kind: ModelKind) -> None:
-    assert model_class(kind).kind == kind, MODEL_CLASSES[kind]
+    assert model_class(kind).kind == kind, KINDS[kind].model_class
 
 
 def test_exported_runtimes_declare_their_kind() -> None:

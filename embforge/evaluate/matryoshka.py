@@ -63,8 +63,10 @@ class TruncatedModel:
     def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
         return self.model.prompt_text(prompt, prompt_name)
 
-    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
-        return self.model.tokenize_ids(texts, prefix=prefix)
+    def tokenize_ids(
+        self, texts: Sequence[str], *, prefix: str = "", is_query: bool = False
+    ) -> list[list[int]]:
+        return self.model.tokenize_ids(texts, prefix=prefix, is_query=is_query)
 
     def encode(self, texts: str | Sequence[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
         """The model's (cached, full-size) embeddings cut to the first ``min(dim, self.dim)`` dimensions."""

@@ -47,8 +47,11 @@ class PromptTokenizing(Tokenized):
             raise KeyError(f"unknown prompt name {name!r}; this model has: {known}")
         return self.prompts[name]
 
-    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
-        """Token ids of each text (with special tokens, truncated to ``max_seq_length``, not padded)."""
+    def tokenize_ids(
+        self, texts: Sequence[str], *, prefix: str = "", is_query: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text (with special tokens, truncated to ``max_seq_length``, not padded); queries
+        (``is_query``) are tokenised as documents are, unless a kind overrides this."""
         if prefix:
             texts = [prefix + t for t in texts]
         append = self.append_token_id

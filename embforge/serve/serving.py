@@ -9,19 +9,18 @@ which ``encoding_format`` values and ``dimensions`` it can honour, how a pair of
 ``--index`` folder (:class:`~embforge.serve.store.DocumentStore`); sparse and multi-vector models keep their
 documents in memory (:class:`~embforge.serve.memory_store.MemoryStore`). Both satisfy :class:`SearchStore`.
 
-Each kind's record lives with the kind (:data:`SERVINGS`); :func:`serving_for` looks it up by the kind the model
-declares (:func:`embforge.kinds.kind_of`) — the one place that maps a kind to how it is served.
+Each kind's serving record is named by the kind's registry record (:attr:`embforge.kinds.KindRecord.serving`);
+:func:`serving_for` asks the record of the kind the model declares — the one lookup from a kind to how it is served.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from embforge.kinds import ModelKind, kind_of
+from embforge.kinds import kind_record
 
 if TYPE_CHECKING:
     from embforge.serve.requests import InputType
@@ -29,14 +28,6 @@ if TYPE_CHECKING:
 
 Items = list[list[int]]  # a request's batch items: token ids, one list per text
 BatchFn = Callable[[Items], np.ndarray]
-
-# kind -> "module:Class" of its serving record (imported on first use; the record's module imports the server's)
-SERVINGS: dict[ModelKind, str] = {
-    ModelKind.DENSE: "embforge.serve.dense:DenseServing",
-    ModelKind.STATIC: "embforge.serve.dense:DenseServing",
-    ModelKind.SPARSE: "embforge.sparse.serve:SparseServing",
-    ModelKind.MULTIVECTOR: "embforge.multivector.serve:MultiVectorServing",
-}
 
 
 class SearchStore(Protocol):
@@ -105,13 +96,7 @@ class KindServing(Protocol):
 
 def serving_for(model: object, *, ranges: np.ndarray | None = None) -> KindServing:
     """The serving record of ``model``'s declared kind; ``ranges``: int8/uint8 calibration ranges (dense only)."""
-    kind = kind_of(model)
-    if kind not in SERVINGS:
-        raise ValueError(
-            f"a {kind.value} model is not an embedding model: serve a cross-encoder with --reranker"
-        )
-    module, _, name = SERVINGS[kind].partition(":")
-    record: Callable[..., KindServing] = getattr(importlib.import_module(module), name)
+    record: Callable[..., KindServing] = kind_record(model).serving_class()
     return record(model, ranges=ranges)
 
 

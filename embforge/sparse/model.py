@@ -7,8 +7,8 @@ including expansion terms it does not contain (Formal et al., 2021, "SPLADE v2")
 The inference-free variant (Geng et al., 2024) sends documents through the MLM encoder but queries through a
 learned weight per vocabulary token: a query's vector is ``weight[t]`` for each distinct token ``t`` it contains,
 so encoding a query costs a tokeniser call and a lookup. In training, the query column's token ids are marked
-with :class:`QueryIds` (:func:`embforge.training.tasks.prepare` does it for such a model), and the forward routes
-them to the table.
+with :class:`QueryIds` by ``tokenize_ids(..., is_query=True)`` (the training tasks and the server ask every kind
+for a query column's ids that way), and the forward routes them to the table.
 
 In training the forward returns dense ``(n, vocab)`` tensors (the losses need gradients through every entry);
 :meth:`SparseEncoder.encode` returns a ``scipy.sparse.csr_matrix`` (only the active dimensions are stored).
@@ -44,14 +44,6 @@ ACTIVATIONS = ("relu", "log1p_relu")
 
 class QueryIds(list):  # type: ignore[type-arg]
     """A query's token ids: an inference-free model sends these through its query weight table."""
-
-
-def mark_queries(model: object, ids: list[list[int]]) -> list[list[int]]:
-    """``ids`` of a query column, marked as :class:`QueryIds` when ``model`` is an inference-free sparse model
-    (its forward sends them through the query table); unchanged for every other model."""
-    if isinstance(model, SparseEncoder) and model.inference_free:
-        return [QueryIds(x) for x in ids]
-    return ids
 
 
 def splade_pool(
@@ -125,6 +117,14 @@ class SparseEncoder(PromptTokenizing, TextModule):
     def inference_free(self) -> bool:
         """Whether queries go through the per-token weight table instead of the MLM encoder."""
         return self.query_weights is not None
+
+    def tokenize_ids(
+        self, texts: Sequence[str], *, prefix: str = "", is_query: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text; an inference-free model's queries (``is_query``) marked as :class:`QueryIds`,
+        which its forward sends through the query weight table."""
+        ids = super().tokenize_ids(texts, prefix=prefix)
+        return [QueryIds(x) for x in ids] if is_query and self.inference_free else ids
 
     # ------------------------------------------------------------------ forward (TextModule.forward)
     def forward_ids(

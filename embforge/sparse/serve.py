@@ -22,7 +22,7 @@ from embforge.serve.middleware import ApiError
 from embforge.serve.requests import InputType
 from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges
 from embforge.sparse.index import SparseIndex
-from embforge.sparse.model import SparseEncoder, mark_queries
+from embforge.sparse.model import SparseEncoder
 
 KIND = "sparse"
 
@@ -96,8 +96,8 @@ class SparseServing:
             prefix = self.model.prompt_text(None, name)
         except KeyError as err:
             raise ApiError(422, str(err.args[0]), "prompt_name") from None
-        ids = self.model.tokenize_ids(texts, prefix=prefix)
-        return (mark_queries(self.model, ids) if query else ids), [len(x) for x in ids]
+        ids = self.model.tokenize_ids(texts, prefix=prefix, is_query=query)
+        return ids, [len(x) for x in ids]
 
     def batched(self, max_tokens: int) -> BatchFn:
         model = self.model

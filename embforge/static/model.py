@@ -92,8 +92,11 @@ class StaticEncoder(SavedModule, BatchEncoding):
         return int(self.embedding.embedding_dim)
 
     # ------------------------------------------------------------------ tokens and forward
-    def tokenize_ids(self, texts: Sequence[str], *, prefix: str = "") -> list[list[int]]:
-        """Token ids of each text, without special tokens, cut at ``max_seq_length`` (model2vec's tokenisation)."""
+    def tokenize_ids(
+        self, texts: Sequence[str], *, prefix: str = "", is_query: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, without special tokens, cut at ``max_seq_length`` (model2vec's tokenisation);
+        queries and documents alike."""
         encodings = self.tokenizer.encode_batch([prefix + t for t in texts], add_special_tokens=False)
         return [e.ids[: self.max_seq_length] for e in encodings]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -24,15 +24,15 @@ from torch import Tensor
 
 from embforge.data.sources import RowSource
 from embforge.data.tables import DataError, Dataset
-from embforge.kinds import ModelKind, kind_of
+from embforge.kinds import kind_record, load_named
 from embforge.losses.base import BaseLoss, EmbeddingLoss
 from embforge.losses.cross import CrossLoss
 from embforge.protocols import PairIds
-from embforge.sparse.model import mark_queries
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from embforge.cross_encoder import CrossEncoder
-    from embforge.multivector.model import MultiVectorEncoder
     from embforge.protocols import TextTokenizing, TrainableModel
 
 _Loss = TypeVar("_Loss", bound=BaseLoss)
@@ -158,9 +158,9 @@ class PreparedEmbeddingTask:
 
     def tokenize(self, column: int, texts: list[str]) -> list[list[int]]:
         """Token ids of ``texts`` of text column ``column`` (its prompt prefixed); the first column is the query
-        column, marked for models that route queries elsewhere (inference-free SPLADE, :mod:`embforge.sparse`)."""
-        ids = self.model.tokenize_ids(texts, prefix=self.prefixes[column])
-        return mark_queries(self.model, ids) if column == 0 else ids
+        column, tokenised as queries (``is_query``): a multi-vector model's ``[Q]`` marker and ``[MASK]``
+        augmentation, an inference-free sparse model's query table; the others as documents."""
+        return self.model.tokenize_ids(texts, prefix=self.prefixes[column], is_query=column == 0)
 
     def column_ids(self, rows: Sequence[int]) -> list[list[list[int]]]:
         batch = self.rows.fetch(rows)
@@ -178,18 +178,6 @@ class PreparedEmbeddingTask:
     def loss_fn(self, outputs: Tensor, labels: Tensor | None) -> Tensor:
         """The task's loss of the model's outputs for ``inputs(rows)`` (split into one tensor per column)."""
         return self.loss(list(outputs.split(len(outputs) // (len(self.names) * self.copies))), labels)
-
-
-class PreparedMultiVectorTask(PreparedEmbeddingTask):
-    """A multi-vector (ColBERT) task: the first text column tokenised as queries (``[Q]`` marker, ``[MASK]``
-    augmentation), the others as documents (``[D]``); fetching, batches, labels and the loss call are the bi-encoder
-    task's (:meth:`loss_fn` splits the ``(columns * rows, width, dim)`` token matrices back into columns)."""
-
-    model: MultiVectorEncoder
-
-    def tokenize(self, column: int, texts: list[str]) -> list[list[int]]:
-        """Token ids of ``texts`` of text column ``column``: queries for column 0, documents otherwise."""
-        return self.model.tokenize_ids(texts, is_query=column == 0, prefix=self.prefixes[column])
 
 
 class PreparedCrossTask:
@@ -253,10 +241,7 @@ PreparedTask = PreparedEmbeddingTask | PreparedCrossTask
 
 
 def prepare(task: Task, model: TrainableModel) -> PreparedTask:
-    """Tokenise ``task`` once for ``model`` (a cross-encoder gets pair inputs, a bi-encoder text inputs)."""
-    kind = kind_of(model)
-    if kind == ModelKind.MULTIVECTOR:  # queries and documents tokenised apart (markers, [MASK]s)
-        return PreparedMultiVectorTask(task, cast("MultiVectorEncoder", model))
-    if kind == ModelKind.CROSS:
-        return PreparedCrossTask(task, cast("CrossEncoder", model))
-    return PreparedEmbeddingTask(task, cast("TextTokenizing", model))
+    """Ready ``task`` for ``model``: the prepared-task class its kind's record names
+    (:attr:`embforge.kinds.KindRecord.prepared_task`; a cross-encoder gets pair inputs, a bi-encoder text inputs)."""
+    prepared: Callable[[Task, TrainableModel], PreparedTask] = load_named(kind_record(model).prepared_task)
+    return prepared(task, model)

@@ -200,14 +200,13 @@ def _pairs_file(tmp_path: Path) -> Path:
 
 def _terms(model, loss, pairs: Path) -> dict[str, float]:
     from embforge.data.tables import read_table
-    from embforge.sparse.model import mark_queries
 
     data = read_table(pairs)
     model.eval()
     loss.eval()
     with torch.no_grad():
-        ids = [model.tokenize_ids(data.columns[c]) for c in data.text_columns]
-        loss([model(mark_queries(model, ids[0])), *(model(x) for x in ids[1:])], None)
+        ids = [model.tokenize_ids(data.columns[c], is_query=i == 0) for i, c in enumerate(data.text_columns)]
+        loss([model(x) for x in ids], None)
     return {k: float(v) for k, v in loss.terms.items()}
 
 
