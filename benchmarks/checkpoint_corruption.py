@@ -1,17 +1,22 @@
 """Corrupt a real all-MiniLM-L6-v2 training checkpoint in every way a resume must refuse; print what happens.
 
-Trains all-MiniLM-L6-v2 for 2 steps on 16 STS-B train rows (CPU, batch 8, checkpoint at step 2), then, for each
+Trains all-MiniLM-L6-v2 for 2 steps on 16 STS-B train rows (CPU, batch 8, checkpoint at step 2; the rows are
+written to a CSV file of their own, the training file each checkpoint's ``data.json`` records), then, for each
 case, copies the run folder, damages it and resumes it to step 3 (``train(..., resume=True)``, what
 ``embforge train --resume`` runs). Each outcome is the exception's class and message (paths shortened), or
-"resumed" with the step it resumed from. For the bit flip it also prints the value an unverified load would have
-trained with (issue #15: "the resumed model had 3.4e38 in its word embeddings").
+"trained from step N to M". For the bit flip it also prints the value an unverified load would have trained with
+(issue #15: "the resumed model had 3.4e38 in its word embeddings"). The last cases are the run's other checks: the
+training file rewritten after the checkpoint, a resume into a folder that holds nothing, and the finished folder
+reused without ``--resume`` or ``--overwrite`` (``claim_output``, what ``embforge train`` checks before training).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/checkpoint_corruption.py
+    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python benchmarks/checkpoint_corruption.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import struct
 import sys
@@ -24,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from embforge.data.paths import data_root
 from embforge.data.tables import Dataset, read_table
+from embforge.data.writers import write_table
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
+from embforge.training.artifacts import claim_output
 from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.tasks import Task
@@ -63,9 +70,15 @@ def flip_exponent(path: Path) -> str:
     return f"word_embeddings[0, 0]: {before:.4g} -> {after:.4g}"
 
 
-def cases(ckpt: str) -> list[tuple[str, Callable[[Path], object]]]:
+def rewrite(table: Path) -> None:
+    """The training file rewritten after the checkpoint: its first data row dropped."""
+    lines = table.read_text(encoding="utf-8").splitlines(keepends=True)
+    table.write_text("".join(lines[:1] + lines[2:]), encoding="utf-8")
+
+
+def cases(ckpt: str, table: Path) -> list[tuple[str, Callable[[Path], object]]]:
     files = ["model/model.safetensors", "model/config.json", "model/tokenizer.json", "losses.safetensors",
-             "trainer_state.pt", "progress.json"]  # fmt: skip
+             "trainer_state.pt", "progress.json", "data.json"]  # fmt: skip
     found: list[tuple[str, Callable[[Path], object]]] = [("intact", lambda run: None)]
     for name in files:
         found.append((f"{name} truncated to half", lambda run, n=name: truncate(run / ckpt / n)))
@@ -82,20 +95,30 @@ def cases(ckpt: str) -> list[tuple[str, Callable[[Path], object]]]:
         ("latest names a missing checkpoint", lambda run: (run / "checkpoints/latest").write_text("checkpoint-99\n")),
         ("latest holds garbage", lambda run: (run / "checkpoints/latest").write_text("\x00\x01")),
         ("latest deleted, checkpoint kept", lambda run: (run / "checkpoints/latest").unlink()),
-        ("checkpoints/ deleted (nothing to resume)", lambda run: shutil.rmtree(run / "checkpoints")),
+        ("checkpoints/ deleted, the run finished", lambda run: shutil.rmtree(run / "checkpoints")),
+        ("the training file rewritten after the checkpoint", lambda run: rewrite(table)),
+        ("an empty run folder (nothing to resume)", lambda run: [shutil.rmtree(run), run.mkdir()]),
+        ("the finished run's folder reused without --resume or --overwrite", lambda run: NEW_RUN),
     ]  # fmt: skip
     return found
 
 
+NEW_RUN = object()  # a case that starts a new run (no --resume) in the folder instead of resuming it
+
+
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     rows = read_table(data_root() / "stsb_en" / "stsb-en-train.csv")
-    data = rows.subset(range(16))
     with tempfile.TemporaryDirectory() as tmp:
+        table = write_table(rows.subset(range(16)), Path(tmp) / "stsb-16.csv")
+        original, stat = table.read_bytes(), table.stat()
         base = Path(tmp) / "base"
-        run(base, data, steps=2, resume=False)
+        run(base, read_table(table), steps=2, resume=False)
         print("| damage | outcome on `--resume` |")
         print("|---|---|")
-        for label, damage in cases("checkpoints/checkpoint-2"):
+        for label, damage in cases("checkpoints/checkpoint-2", table):
             folder = Path(tmp) / "case"
             shutil.rmtree(folder, ignore_errors=True)
             shutil.copytree(base, folder)
@@ -103,13 +126,20 @@ def main() -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    summary = run(folder, data, steps=3, resume=True)
+                    if note is NEW_RUN:
+                        claim_output(folder, resume=False, overwrite=False)
+                        raise AssertionError("claim_output accepted a folder holding a finished run")
+                    summary = run(folder, read_table(table), steps=3, resume=True)
                     events = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
                     start = [e.get("step", 0) for e in events if e.get("event") == "resume"][-1:]
                     outcome = f"trained from step {start[0] if start else 0} to {summary['steps']}"
                 except Exception as err:
                     outcome = f"{type(err).__name__}: {str(err).splitlines()[0].split('; ')[0]}"
+            if table.read_bytes() != original:  # the next case reads the file the checkpoint recorded
+                table.write_bytes(original)
+                os.utime(table, ns=(stat.st_atime_ns, stat.st_mtime_ns))
             outcome = outcome.replace(str(folder) + "/", "").replace(str(folder), "run")
+            outcome = outcome.replace(str(table), table.name)
             warned = "; ".join(str(w.message).replace(str(folder) + "/", "").split(" (")[0] for w in caught
                                if "Warning" in type(w.message).__name__ and "Resume" in type(w.message).__name__)  # fmt: skip
             extra = (f" — {note}" if isinstance(note, str) else "") + (

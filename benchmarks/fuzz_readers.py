@@ -3,7 +3,9 @@
 For each format, ``--examples`` malformed inputs (random bytes, delimiter/quote/brace noise, valid files with
 random byte edits; the strategies of ``tests/data/test_tables_fuzz.py``) are read with ``read_table`` and sorted into:
 
-* parsed: the input happened to be a valid table;
+* parsed: the input happened to be a valid table (counted again under "noticed" when the reader logged a notice
+  on logger ``embforge.data``, e.g. control characters removed: counted, not printed; each input is a new file,
+  as a file is noticed once per contents);
 * clear: a ``DataError`` whose message starts ``file:line:`` (Parquet: ``file:``);
 * unclear: a ``DataError`` without that location;
 * crash: any other exception (the reader let an internal error escape).
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
+import logging
 import re
 import sys
 import tempfile
@@ -40,6 +44,17 @@ def kind(message: str, path: Path) -> str:
     return text.split(";")[0][:90]
 
 
+class Notices(logging.Handler):
+    """Counts the records of logger ``embforge.data`` (the readers' notices) instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
 def fuzz(
     fmt: str, examples: int, rng_seed: int, folder: Path
 ) -> tuple[collections.Counter, collections.Counter]:
@@ -52,15 +67,22 @@ def fuzz(
         deadline=None,
         suppress_health_check=list(HealthCheck),
     )
-    path = folder / f"input.{fmt}"
+    names = itertools.count()
+    notices = Notices()
+    logger = logging.getLogger("embforge.data")
+    logger.addHandler(notices)  # a handler of its own: nothing reaches stderr
 
     @options
     @seed(rng_seed)
     @given(content=noise(fmt))
     def malformed(content: bytes) -> None:
+        path = folder / f"input{next(names)}.{fmt}"
         path.write_bytes(content)
+        before = notices.count
         outcome, detail = read_outcome(path)
+        path.unlink()
         counts[outcome] += 1
+        counts["noticed"] += outcome == "parsed" and notices.count > before
         if outcome != "parsed":
             samples[f"{outcome}: {kind(detail, path)}"] += 1
 
@@ -68,12 +90,19 @@ def fuzz(
     @seed(rng_seed)
     @given(data=datasets(fmt))
     def round_trip(data) -> None:
-        back = read_table(write_table(data, folder / f"rows.{fmt}"))
+        path = folder / f"rows{next(names)}.{fmt}"
+        before = notices.count
+        back = read_table(write_table(data, path))
+        path.unlink()
+        counts["round trip noticed"] += notices.count > before
         same = back.columns == data.columns and back.label_names == data.label_names
         counts["round trip equal" if same else "round trip differs"] += 1
 
-    malformed()
-    round_trip()
+    try:
+        malformed()
+        round_trip()
+    finally:
+        logger.removeHandler(notices)
     return counts, samples
 
 
@@ -86,17 +115,19 @@ def main() -> None:
     args = parser.parse_args()
     columns = ["parsed", "clear", "unclear", "crash", "round trip equal", "round trip differs"]
     print(
-        "| format | malformed inputs tried | parsed | clear errors | unclear errors | crashes | round trips | equal |"
+        "| format | malformed inputs tried | parsed | of which noticed | clear errors | unclear errors | crashes "
+        "| round trips | equal | round trips noticed |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     all_samples = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in FORMATS:
             counts, samples = fuzz(fmt, args.examples, args.seed, Path(tmp))
             tried = sum(counts[c] for c in columns[:4])
             trips = counts["round trip equal"] + counts["round trip differs"]
-            print(f"| {fmt} | {tried} | {counts['parsed']} | {counts['clear']} | {counts['unclear']} | "
-                  f"{counts['crash']} | {trips} | {counts['round trip equal']} |")  # fmt: skip
+            print(f"| {fmt} | {tried} | {counts['parsed']} | {counts['noticed']} | {counts['clear']} | "
+                  f"{counts['unclear']} | {counts['crash']} | {trips} | {counts['round trip equal']} | "
+                  f"{counts['round trip noticed']} |")  # fmt: skip
             all_samples[fmt] = samples
     print()
     for fmt, samples in all_samples.items():
