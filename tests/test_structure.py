@@ -2,9 +2,10 @@
 
 The graph is built from the source (``ast``), not by importing: every ``import`` and ``from ... import`` in every
 module of ``embforge/``, relative imports resolved, **imports inside functions included** (a circle closed by a
-function-level import is still two modules that need each other; it only moves the failure to run time). An
-``if TYPE_CHECKING:`` block is left out: it never runs, so an annotation-only reference cannot make a circle.
-``from pkg import name`` points at ``pkg.name`` when that is a module, else at ``pkg``.
+function-level import is still two modules that need each other; it only moves the failure to run time), and
+**imports under ``if TYPE_CHECKING:`` included**: an annotation-only import never runs, but it still ties the two
+modules' designs (a change of the named type is a change of both). ``from pkg import name`` points at
+``pkg.name`` when that is a module, else at ``pkg``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "embforge"
 LOWER = ("embforge.retrieval", "embforge.data", "embforge.modeling", "embforge.losses")
 UPPER = ("embforge.training", "embforge.serve", "embforge.cli")
+
+# Imports that close a circle in files other #49 work is rewriting (issue #49, "Knots untied"). This list may only
+# shrink: each entry is left out of the circle search, and a test fails once an entry no longer exists, so that it
+# is deleted here the day its knot is untied.
+KNOWN_KNOTS = {
+    # a folder reader takes __version__ from the package face (which names every floor): embforge._version has it
+    ("embforge.modeling.st_folder", "embforge"),
+    # anchoring and averaging take the whole TrainConfig to check their slice: the config made of parts ends it
+    ("embforge.training.anchor", "embforge.training.config"),
+    ("embforge.training.averaging", "embforge.training.config"),
+}
 
 
 def _modules() -> dict[str, tuple[Path, list[str]]]:
@@ -29,14 +41,6 @@ def _modules() -> dict[str, tuple[Path, list[str]]]:
         else:
             out[".".join(parts)] = (path, parts[:-1])
     return out
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(child) for stmt in node.body for child in ast.walk(stmt))
-    return skip
 
 
 def _targets(node: ast.AST, package: list[str], modules: dict) -> list[str]:
@@ -58,15 +62,13 @@ def _targets(node: ast.AST, package: list[str], modules: dict) -> list[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """``module -> modules it imports`` (module level and inside functions, not under ``TYPE_CHECKING``)."""
+    """``module -> modules it imports`` (module level, inside functions and under ``TYPE_CHECKING``)."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, (path, package) in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        skip = _type_checking_nodes(tree)
         for node in ast.walk(tree):
-            if id(node) not in skip:
-                graph[name].update(t for t in _targets(node, package, modules) if t != name)
+            graph[name].update(t for t in _targets(node, package, modules) if t != name)
     return graph
 
 
@@ -113,13 +115,14 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 GRAPH = import_graph()
-CIRCLES = circles(GRAPH)
+CIRCLES = circles({m: targets - {t for s, t in KNOWN_KNOTS if s == m} for m, targets in GRAPH.items()})
 
 
 def test_the_graph_is_read_from_every_module():
     assert len(GRAPH) > 100
     assert "embforge.serve.database" in GRAPH["embforge.serve.store"]  # a module-level import
     assert "embforge.retrieval.corpus_cache" in GRAPH["embforge.serve.store"]  # one inside a function
+    assert "embforge.cross_encoder" in GRAPH["embforge.retrieval.search"]  # one under TYPE_CHECKING
 
 
 def test_the_circle_finder_finds_a_circle_closed_inside_a_function():
@@ -129,6 +132,12 @@ def test_the_circle_finder_finds_a_circle_closed_inside_a_function():
 
 def test_no_import_circles():
     assert CIRCLES == [], f"import circles: {CIRCLES}"
+
+
+def test_the_known_knots_only_shrink():
+    """Every allowed import still exists: once its owner unties it, delete it from ``KNOWN_KNOTS`` (#49)."""
+    gone = sorted(f"{a} -> {b}" for a, b in KNOWN_KNOTS if b not in GRAPH[a])
+    assert gone == [], f"untied, so delete from KNOWN_KNOTS: {gone}"
 
 
 def test_the_lower_floors_do_not_import_the_upper_ones():

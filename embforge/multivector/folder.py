@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
-    from embforge.multivector.model import MultiVectorEncoder
     from embforge.protocols import ModelPath
 
 PYLATE_DENSE = "pylate.models.Dense.Dense"
@@ -68,7 +67,8 @@ class ColBERTSettings:
 
 @dataclass
 class ColBERTParts:
-    """What a ColBERT folder holds, ready for :class:`~embforge.multivector.model.MultiVectorEncoder`."""
+    """What a ColBERT folder holds: read into and saved from
+    :class:`~embforge.multivector.model.MultiVectorEncoder` (this module never sees the model)."""
 
     backbone: nn.Module
     tokenizer: PreTrainedTokenizerBase
@@ -130,8 +130,8 @@ def _add_markers(backbone: Any, tokenizer: PreTrainedTokenizerBase, settings: Co
     backbone.resize_token_embeddings(len(tokenizer))
 
 
-def save_multivector(model: MultiVectorEncoder, path: str | os.PathLike) -> None:
-    """Write ``model`` in pylate's layout (see the module docstring)."""
+def save_multivector(model: ColBERTParts, path: str | os.PathLike) -> None:
+    """Write ``model``'s parts in pylate's layout (see the module docstring)."""
     root = save_backbone(model.backbone, path)
     model.tokenizer.save_pretrained(root)
     st_folder.write_modules(root, [("", st_folder.ST_TRANSFORMER), ("1_Dense", PYLATE_DENSE)])

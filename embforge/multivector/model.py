@@ -39,7 +39,7 @@ from embforge.modeling.module import TextModule
 from embforge.modeling.packing import PackedBatch, pack, packed_hidden, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
-from embforge.multivector.folder import ColBERTSettings, read_multivector, save_multivector
+from embforge.multivector.folder import ColBERTParts, ColBERTSettings, read_multivector, save_multivector
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -275,7 +275,8 @@ class MultiVectorEncoder(Tokenized, TextModule):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the folder in pylate's layout (loads with ``pylate.models.ColBERT``)."""
-        save_multivector(self, path)
+        parts = ColBERTParts(self.backbone, self.tokenizer, self.projection, self.settings, self.prompts)
+        save_multivector(parts, path)
 
 
 def pad_matrices(matrices: Sequence[np.ndarray], dim: int) -> tuple[Tensor, Tensor]:

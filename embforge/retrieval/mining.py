@@ -155,7 +155,7 @@ def mine_positions(
         raise ValueError(f"{config.method} mining needs a model or precomputed embeddings")
     if dense and doc_emb is None:
         assert model is not None  # checked above
-        doc_emb = embed(model, corpus, config)
+        doc_emb = embed(model, corpus, batch_size=config.batch_size, max_tokens=config.max_tokens)
     search = CorpusSearch(config.method, corpus, _float32(doc_emb), config.index)
     depth = _depth(config, positives, len(corpus), rescored=rescorer is not None)
     parts = []
@@ -164,7 +164,9 @@ def mine_positions(
         q = None
         if dense and query_emb is None:
             assert model is not None  # checked above
-            q = embed(model, query_texts[start:end], config)
+            q = embed(
+                model, query_texts[start:end], batch_size=config.batch_size, max_tokens=config.max_tokens
+            )
         elif dense and query_emb is not None:
             q = np.ascontiguousarray(query_emb[start:end], dtype=np.float32)
         block = _Block(query_texts[start:end], positives[start:end], q, config.seed + number)

@@ -25,7 +25,6 @@ from embforge.retrieval.index.registry import create_index
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
     from embforge.protocols import TrainableEmbedder
-    from embforge.retrieval.mining import MiningConfig
 
 RRF_K = 60
 SAMPLE_ROWS = 65_536  # vectors an IVF / PQ quantiser is trained on (FAISS wants >= 39 per IVF list)
@@ -35,9 +34,11 @@ CODES_KINDS = ("ivfpq", "pq")
 __all__ = ["unit_rows"]
 
 
-def embed(model: TrainableEmbedder, texts: list[str], config: MiningConfig) -> np.ndarray:
-    """L2-normalised embeddings (so inner product is cosine), batched as ``config`` says."""
-    return unit_rows(encode_texts(model, texts, batch_size=config.batch_size, max_tokens=config.max_tokens))
+def embed(
+    model: TrainableEmbedder, texts: list[str], *, batch_size: int, max_tokens: int | None = None
+) -> np.ndarray:
+    """L2-normalised embeddings (so inner product is cosine), ``batch_size`` texts (at most ``max_tokens``) a batch."""
+    return unit_rows(encode_texts(model, texts, batch_size=batch_size, max_tokens=max_tokens))
 
 
 def vector_blocks(vectors: Vectors) -> Iterator[tuple[int, np.ndarray]]:

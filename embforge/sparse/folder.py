@@ -1,5 +1,5 @@
-"""sentence-transformers ``SparseEncoder`` folders: read into and written from
-:class:`~embforge.sparse.model.SparseEncoder`.
+"""sentence-transformers ``SparseEncoder`` folders, read into and written from :class:`SparseParts` (the
+pieces :class:`~embforge.sparse.model.SparseEncoder` is built from and saves; this module never sees the model).
 
 Two layouts:
 
@@ -15,8 +15,9 @@ Module types are written with the names sentence-transformers 5 used (``sparse_e
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,10 +27,10 @@ from embforge.modeling.lora import save_backbone
 from embforge.modeling.resolve import default_max_seq_length, hf_quiet, resolve_model_path
 
 if TYPE_CHECKING:
-    from embforge.protocols import ModelPath
-    from embforge.sparse.model import SparseEncoder
+    from torch import Tensor, nn
+    from transformers import PreTrainedTokenizerBase
 
-S = TypeVar("S", bound="SparseEncoder")
+    from embforge.protocols import ModelPath
 
 ST_MLM = "sentence_transformers.sparse_encoder.models.MLMTransformer"
 ST_SPLADE_POOLING = "sentence_transformers.sparse_encoder.models.SpladePooling"
@@ -41,6 +42,28 @@ QUERY_DIR, DOCUMENT_DIR, POOLING_DIR = (
     "document_0_MLMTransformer",
     "document_1_SpladePooling",
 )
+
+
+@dataclass
+class SparseParts:
+    """What a sparse folder holds: the MLM backbone and tokenizer, SPLADE pooling settings, prompts, and the query
+    weight table of an inference-free model (``None`` otherwise; ``frozen``: it is not trained)."""
+
+    backbone: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    pooling: str = "max"
+    activation: str = "relu"
+    max_seq_length: int = 256
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    query_weights: Tensor | None = None
+    frozen: bool = False
+
+    @property
+    def dim(self) -> int:
+        """The vocabulary size (the length of every vector)."""
+        config: Any = self.backbone.config  # a Hugging Face config
+        return int(config.vocab_size)
 
 
 class _Layout(TypedDict):
@@ -83,9 +106,10 @@ def _layout(root: Path) -> _Layout:
 
 
 def read_sparse_folder(
-    cls: type[S], path: ModelPath, *, max_seq_length: int | None, inference_free: bool | None
-) -> S:
-    """Build ``cls`` (a :class:`~embforge.sparse.model.SparseEncoder`) from a folder (see the module doc)."""
+    path: ModelPath, *, max_seq_length: int | None, inference_free: bool | None
+) -> SparseParts:
+    """The parts of a folder (see the module doc); ``inference_free=True`` adds a query table (all weights 1)
+    where the folder has none, ``False`` leaves a folder's table out."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     root = resolve_model_path(path)
@@ -102,7 +126,7 @@ def read_sparse_folder(
         query_weights = torch.ones(int(backbone.config.vocab_size))
     st = st_folder.read_st_config(root)
     pooling = layout["pooling"]
-    return cls(
+    return SparseParts(
         backbone,
         tokenizer,
         pooling=pooling.get("pooling_strategy", "max"),
@@ -113,12 +137,13 @@ def read_sparse_folder(
         prompts={k: v for k, v in (st.get("prompts") or {}).items() if v},
         default_prompt_name=st.get("default_prompt_name"),
         query_weights=query_weights,
-        freeze_query_weights=frozen,
+        frozen=frozen,
     )
 
 
-def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
-    """Write ``model`` as a sentence-transformers ``SparseEncoder`` folder (a ``Router`` when inference-free)."""
+def write_sparse_folder(model: SparseParts, path: str | os.PathLike) -> None:
+    """Write ``model``'s parts as a sentence-transformers ``SparseEncoder`` folder (a ``Router`` with a query
+    table)."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     pooling = {
@@ -126,16 +151,16 @@ def write_sparse_folder(model: SparseEncoder, path: str | os.PathLike) -> None:
         "activation_function": model.activation,
         "word_embedding_dimension": model.dim,
     }
-    document = root / DOCUMENT_DIR if model.inference_free else root
+    weights = model.query_weights  # inference-free: the query table
+    document = root / DOCUMENT_DIR if weights is not None else root
     save_backbone(model.backbone, document)
     model.tokenizer.save_pretrained(document)
     st_folder.write_transformer_config(document, model.max_seq_length)
-    weights = model.query_weights  # inference-free: the query table
     if weights is not None:
         query = root / QUERY_DIR
         query.mkdir(exist_ok=True)
         save_file({"weight": weights.detach().float().cpu().contiguous()}, str(query / "model.safetensors"))
-        st_folder.write_json(query / "config.json", {"frozen": not weights.requires_grad})
+        st_folder.write_json(query / "config.json", {"frozen": model.frozen})
         model.tokenizer.save_pretrained(query)
         st_folder.write_json(root / POOLING_DIR / "config.json", pooling)
         st_folder.write_json(

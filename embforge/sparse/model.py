@@ -30,7 +30,7 @@ from embforge.modeling.module import TextModule
 from embforge.modeling.padding import CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled
-from embforge.sparse.folder import read_sparse_folder, write_sparse_folder
+from embforge.sparse.folder import SparseParts, read_sparse_folder, write_sparse_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -258,11 +258,34 @@ class SparseEncoder(PromptTokenizing, TextModule):
         """Load a sentence-transformers ``SparseEncoder`` folder (plain or inference-free ``Router``), or a
         Hugging Face ``...ForMaskedLM`` folder (max pooling, ReLU). ``inference_free=True`` on a folder without
         a query table adds one (all weights 1) for training; ``options``: ``device``, ``max_seq_length``."""
-        model = read_sparse_folder(
-            cls, path, max_seq_length=options.get("max_seq_length"), inference_free=inference_free
+        parts = read_sparse_folder(
+            path, max_seq_length=options.get("max_seq_length"), inference_free=inference_free
+        )
+        model = cls(
+            parts.backbone,
+            parts.tokenizer,
+            pooling=parts.pooling,
+            activation=parts.activation,
+            max_seq_length=parts.max_seq_length,
+            prompts=parts.prompts,
+            default_prompt_name=parts.default_prompt_name,
+            query_weights=parts.query_weights,
+            freeze_query_weights=parts.frozen,
         )
         return model.loaded_from(path, device=options.get("device"))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sentence-transformers ``SparseEncoder`` folder (loads with ``SparseEncoder(path)``)."""
-        write_sparse_folder(self, path)
+        weights = self.query_weights
+        parts = SparseParts(
+            self.backbone,
+            self.tokenizer,
+            pooling=self.pooling,
+            activation=self.activation,
+            max_seq_length=self.max_seq_length,
+            prompts=self.prompts,
+            default_prompt_name=self.default_prompt_name,
+            query_weights=None if weights is None else weights.detach(),
+            frozen=weights is not None and not weights.requires_grad,
+        )
+        write_sparse_folder(parts, path)

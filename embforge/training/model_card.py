@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from embforge._version import __version__
 from embforge.data.sources import row_count
 from embforge.modeling.pooling import mode_from_st_config
 from embforge.training.report import read_json, read_jsonl
@@ -156,7 +157,7 @@ def _heading(
         *front,
         f"# {root.resolve().name}",
         "",
-        f"A {facts['kind']} fine-tuned{started} with embforge {_version()}. " + does,
+        f"A {facts['kind']} fine-tuned{started} with embforge {__version__}. " + does,
         "",
     ]
 
@@ -182,65 +183,12 @@ def _training(tasks_info: Sequence[Mapping[str, Any]], settings: Mapping[str, An
 
 
 def _kind_facts(root: Path) -> dict[str, Any] | None:
-    """The facts and usage of the kinds that are not dense or cross-encoders (sparse, static, multi-vector), else
-    ``None``."""
-    from embforge.kinds import ModelKind, folder_kind
+    """The facts and usage of a kind whose record names its own card section (sparse, static, multi-vector:
+    :attr:`embforge.kinds.KindRecord.card`), else ``None``."""
+    from embforge.kinds import folder_record, load_named
 
-    kind, name = folder_kind(root), root.resolve().name
-    st = read_json(root / "config_sentence_transformers.json")
-    if kind == ModelKind.SPARSE:
-        router = (root / "router_config.json").exists()
-        pooling = read_json(
-            root / ("document_1_SpladePooling" if router else "1_SpladePooling") / "config.json"
-        )
-        dim = pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")
-        table = {
-            "Model type": "sparse encoder (SPLADE" + (", inference-free queries)" if router else ")"),
-            "Output dimensionality": f"{dim} (the vocabulary; a few dozen to a few hundred active per text)",
-            "Pooling": f"{pooling.get('pooling_strategy', 'max')} of log(1 + relu(MLM logits))",
-            "Similarity": "dot product",
-        }
-        usage = [
-            "from embforge.sparse.model import SparseEncoder",
-            f'model = SparseEncoder.load("{name}")',
-            'docs = model.encode_document(["The sun is 4.6 billion years old."])  # scipy.sparse CSR',
-            'scores = model.encode_query(["how old is the sun"]) @ docs.T',
-            "# or: sentence_transformers.SparseEncoder(...) with the same vectors",
-        ]
-        return {"kind": "sparse encoder", "dim": dim, "table": table, "usage": usage}
-    if kind == ModelKind.MULTIVECTOR:
-        dense = read_json(root / "1_Dense" / "config.json")
-        table = {
-            "Model type": "multi-vector (ColBERT late interaction; pylate layout)",
-            "Output dimensionality": f"{dense.get('out_features', '?')} per token",
-            "Query / document length": f"{st.get('query_length')} ([MASK]-augmented) / {st.get('document_length')}",
-            "Similarity": "MaxSim (sum over query tokens of the best document-token dot product)",
-        }
-        usage = [
-            "from embforge.multivector import MultiVectorEncoder, maxsim, pad_matrices",
-            f'model = MultiVectorEncoder.load("{name}")',
-            'docs = model.encode_padded(["The sun is 4.6 billion years old."])[0]',
-            'scores = maxsim(model.encode_padded(["how old is the sun"], is_query=True)[0], docs)',
-            "# or: pylate.models.ColBERT(...) with the same token vectors",
-        ]
-        facts = {"kind": "multi-vector model", "dim": dense.get("out_features"), "table": table}
-        return {**facts, "usage": usage}
-    if kind == ModelKind.STATIC:
-        hf = read_json(root / "config.json")
-        table = {
-            "Model type": "static embedding (token table, mean of the tokens' rows; no transformer)",
-            "Output dimensionality": hf.get("hidden_dim", "?"),
-            "Normalized": "yes" if hf.get("normalize", True) else "no",
-            "Similarity": st.get("similarity_fn_name", "cosine"),
-        }
-        usage = [
-            "from embforge.static.model import StaticEncoder",
-            f'model = StaticEncoder.load("{name}")',
-            'embeddings = model.encode(["The weather is lovely today.", "It is sunny outside."])',
-            "# or: sentence_transformers.SentenceTransformer(...) / model2vec.StaticModel.from_pretrained(...)",
-        ]
-        return {"kind": "static embedding model", "dim": hf.get("hidden_dim"), "table": table, "usage": usage}
-    return None
+    record = folder_record(root)
+    return None if record.card is None else load_named(record.card)(root)
 
 
 def _model_facts(root: Path) -> dict[str, Any]:
@@ -382,7 +330,7 @@ def _command_line() -> str:
 
 
 def _versions() -> dict[str, str]:
-    versions = {"embforge": _version(), "Python": platform.python_version()}
+    versions = {"embforge": __version__, "Python": platform.python_version()}
     for package in ("torch", "transformers", "tokenizers"):
         try:
             module = __import__(package)
@@ -390,12 +338,6 @@ def _versions() -> dict[str, str]:
         except ImportError:
             continue
     return versions
-
-
-def _version() -> str:
-    from embforge import __version__
-
-    return __version__
 
 
 def _number(value: object) -> str:

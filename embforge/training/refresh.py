@@ -114,8 +114,10 @@ class NegativeRefresher:
         """Mine with ``model`` now and return the task (one row per relevant query-document pair)."""
         mining = self.config.mining
         ratio = hard_ratio_at(self.config, step, self.total_steps)
-        q = embed(model, self.queries, mining) if mining.method != "bm25" else None
-        d = embed(model, self.documents, mining) if mining.method != "bm25" else None
+        q = d = None
+        if mining.method != "bm25":
+            q = embed(model, self.queries, batch_size=mining.batch_size, max_tokens=mining.max_tokens)
+            d = embed(model, self.documents, batch_size=mining.batch_size, max_tokens=mining.max_tokens)
         hard = mine_positions(self.queries, self.positives, self.documents, mining, query_emb=q, doc_emb=d)
         seed = mining.seed + step
         rand_config = replace(mining, hard_ratio=0.0, seed=seed, stats={})
