@@ -10,7 +10,8 @@
   ``latest`` is rewritten only after that, and pruning never removes the checkpoint it names.
 * ``manifest.json`` lists every file's size and SHA-256 with the run's id and the step. :func:`load_trainer_state`
   verifies it before anything is loaded: a truncated file, a flipped bit in a tensor or a broken
-  ``progress.json`` is a :class:`CheckpointError` naming the file, never a model silently resumed with garbage.
+  ``progress.json`` is a :class:`CheckpointError` naming the file, never a model silently resumed with garbage
+  (the checks, with the finite-weights one, are :mod:`embforge.training.checkpoint_checks`).
 * ``data.json`` lists each task's training files with their size and modification time
   (:mod:`embforge.data.identity`): a resume whose files changed is refused naming the file.
 * Pruning (``keep``) counts only the current run's checkpoints (same run id), so a ``checkpoint-20`` left by an
@@ -24,22 +25,30 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from embforge.files import append_jsonl, atomic_dir, write_text_atomic
-from embforge.training.distributed import all_gather_objects
+from embforge.parallel import all_gather_objects, is_main
+from embforge.training.checkpoint_checks import (
+    MANIFEST,
+    CheckpointError,
+    ResumeWarning,
+    check_finite,
+    read_json,
+    readable,
+    sha256,
+    verify_checkpoint,
+)
 from embforge.training.rng import rng_state, set_rng_state
 from embforge.training.state import Progress
 
@@ -53,7 +62,6 @@ __all__ = [
     "atomic_dir",
     "checkpoint_to_resume",
     "find_latest",
-    "latest_checkpoint",
     "load_trainer_state",
     "read_data_files",
     "read_progress",
@@ -66,14 +74,10 @@ __all__ = [
 ]
 
 LATEST = "latest"
-MANIFEST = "manifest.json"
 DATA_FILES = "data.json"
 RUN_FILE = "run.json"
 FORMAT = 1
 _NAME = re.compile(r"^checkpoint-(\d+)$")
-
-
-T = TypeVar("T")
 
 
 class Stateful(Protocol):
@@ -82,14 +86,6 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> object: ...
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from; the message names the file and what to do."""
-
-
-class ResumeWarning(UserWarning):
-    """``--resume`` found nothing to resume, or a checkpoint it cannot verify (written before manifests)."""
 
 
 # ------------------------------------------------------------------------------------------------- writing
@@ -109,7 +105,7 @@ def start_run(folder: Path, *, resume: bool, log: Path | None = None) -> Path | 
     """
     folder = Path(folder)
     answer = None
-    if _is_main_process():  # torchrun: rank 0 owns the folder and decides for every rank
+    if is_main():  # torchrun: rank 0 owns the folder and decides for every rank
         answer = _start_run(folder, resume=resume, log=log)
     chosen = all_gather_objects(answer.name if answer is not None else None)[0]
     return folder / chosen if chosen is not None else None
@@ -180,20 +176,12 @@ def save_checkpoint(
 
 def _write_manifest(root: Path, *, run_id: str, step: int) -> None:
     files = {
-        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256(p)}
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
     manifest = {"format": FORMAT, "run_id": run_id, "step": step, "files": files}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------- finding
@@ -209,15 +197,11 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def _run_id(path: Path) -> str | None:
     """The ``run_id`` in a JSON file: a checkpoint's manifest or the output folder's run file (``None``: no such
     file, or unreadable)."""
     try:
-        run = _read_json(path).get("run_id")
+        run = read_json(path).get("run_id")
     except (OSError, ValueError, AttributeError):
         return None
     return run if isinstance(run, str) else None
@@ -278,90 +262,12 @@ def checkpoint_to_resume(folder: Path, *, log: Path | None = None) -> Path | Non
     if others:
         message += f" ({', '.join(others)} belongs to an earlier run: to resume it, write its name into {folder / LATEST})"
     warnings.warn(message, ResumeWarning, stacklevel=2)
-    if log is not None and _is_main_process():
+    if log is not None and is_main():
         append_jsonl(log, {"event": "resume", "from": None, "warning": message})
     return None
 
 
-def latest_checkpoint(folder: Path, *, log: Path | None = None) -> Path | None:
-    """The checkpoint to resume from (:func:`checkpoint_to_resume`); kept for the trainer's current call.
-
-    ``log`` defaults to the ``metrics.jsonl`` beside a folder named ``checkpoints`` (the trainer's layout). For a
-    look-up that must not warn, use :func:`find_latest`.
-    """
-    folder = Path(folder)
-    if log is None and folder.name == "checkpoints":
-        log = folder.parent / "metrics.jsonl"
-    return checkpoint_to_resume(folder, log=log)
-
-
-def _is_main_process() -> bool:
-    distributed = torch.distributed
-    return not (distributed.is_available() and distributed.is_initialized() and distributed.get_rank() != 0)
-
-
 # ------------------------------------------------------------------------------------------------- loading
-
-
-def verify_checkpoint(path: Path) -> None:
-    """Check every file of a checkpoint against its manifest (size, then SHA-256).
-
-    A checkpoint without a manifest (written by an older embforge) gets a :class:`ResumeWarning` and only a
-    readability check of its ``.safetensors`` files: a flipped bit there cannot be detected.
-
-    Raises:
-        CheckpointError: naming the first file that is missing, of the wrong size or with other contents.
-    """
-    path = Path(path)
-    manifest_file = path / MANIFEST
-    if not manifest_file.exists():
-        warnings.warn(
-            f"{path}: no manifest (written by an older embforge): its files cannot be verified against checksums",
-            ResumeWarning,
-            stacklevel=2,
-        )
-        for tensors in sorted(path.rglob("*.safetensors")):
-            _readable(tensors, lambda f: safe_open(str(f), framework="pt").keys())
-        return
-    try:
-        manifest = _read_json(manifest_file)
-        files = manifest["files"]
-        entries = [(str(k), int(v["size"]), str(v["sha256"])) for k, v in files.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(
-            f"{manifest_file}: unreadable ({type(err).__name__}: {err}); the checkpoint cannot be verified — "
-            "train without --resume, or point latest at another checkpoint"
-        ) from None
-    advice = "this checkpoint cannot be resumed from; train without --resume, or point latest at another checkpoint"
-    for name, size, digest in entries:
-        file = path / name
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise CheckpointError(f"{manifest_file}: lists {name!r}, a path outside the checkpoint")
-        if not file.is_file():
-            raise CheckpointError(f"{file}: missing (listed in {MANIFEST}); {advice}")
-        actual = file.stat().st_size
-        if actual != size:
-            raise CheckpointError(
-                f"{file}: {actual} bytes, but the checkpoint wrote {size} (truncated or overwritten); {advice}"
-            )
-        if _sha256(file) != digest:
-            raise CheckpointError(
-                f"{file}: its contents changed after the checkpoint was written (SHA-256 differs from "
-                f"{MANIFEST}: corrupted on disk or in a copy); {advice}"
-            )
-
-
-def _readable(file: Path, read: Callable[[Path], T]) -> T:
-    """``read(file)``, with any failure to decode it turned into a :class:`CheckpointError` naming the file."""
-    if not file.is_file():
-        raise CheckpointError(f"{file}: missing; this checkpoint cannot be resumed from")
-    try:
-        return read(file)
-    except Exception as err:  # torch/safetensors/json raise many kinds for a damaged file
-        raise CheckpointError(
-            f"{file}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "this checkpoint cannot be resumed from"
-        ) from err
 
 
 def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Progress]:
@@ -373,7 +279,7 @@ def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tens
     """
     path = Path(path)
     verify_checkpoint(path)
-    state = _readable(
+    state = readable(
         path / "trainer_state.pt", lambda f: torch.load(f, weights_only=True, map_location="cpu")
     )
     missing = [
@@ -385,54 +291,10 @@ def load_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tens
         raise CheckpointError(
             f"{path / 'trainer_state.pt'}: has no {', '.join(missing)}; not a trainer state"
         )
-    losses = _readable(path / "losses.safetensors", lambda f: load_file(str(f)))
+    losses = readable(path / "losses.safetensors", lambda f: load_file(str(f)))
     progress = Progress.from_dict(read_progress(path))
-    _check_finite(path, state=state, losses=losses)
+    check_finite(path, state=state, losses=losses, advice=_earlier(path))
     return state, losses, progress
-
-
-# a weight this large overflows float32 in its first matrix product: only an overflowing step writes one
-LARGEST_WEIGHT = 1e19
-
-
-def _check_finite(path: Path, *, state: dict[str, Any], losses: dict[str, torch.Tensor]) -> None:
-    """Refuse a checkpoint holding NaN, infinite or overflowing weights, or a non-finite optimiser state.
-
-    A manifest cannot catch these: a step that overflowed before the loss guard fired writes them, checksums and
-    all. Resumed, such a run would die steps later with a misleading "lower the learning rate".
-    """
-    for file in sorted((path / "model").rglob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as tensors:
-            for name in tensors.keys():  # noqa: SIM118 (safe_open is not a dict)
-                _finite(path, file, name, tensors.get_tensor(name), largest=LARGEST_WEIGHT)
-    for name, tensor in losses.items():
-        _finite(path, path / "losses.safetensors", name, tensor, largest=LARGEST_WEIGHT)
-    for name, tensor in _tensors(state.get("optimizer"), "optimizer"):
-        _finite(path, path / "trainer_state.pt", name, tensor, largest=None)
-
-
-def _tensors(value: Any, name: str) -> list[tuple[str, torch.Tensor]]:
-    """Every floating-point tensor inside nested dicts and lists, with its path (``optimizer.state.0.exp_avg``)."""
-    if isinstance(value, torch.Tensor):
-        return [(name, value)] if value.is_floating_point() else []
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    return [found for key, item in items for found in _tensors(item, f"{name}.{key}")]
-
-
-def _finite(checkpoint: Path, file: Path, name: str, tensor: torch.Tensor, *, largest: float | None) -> None:
-    values = tensor.float()
-    bad = ~torch.isfinite(values)
-    what = "non-finite values (NaN or infinity)"
-    if largest is not None and not bad.any():
-        bad = values.abs() > largest
-        what = f"overflowing values (beyond {largest:g})"
-    if not bad.any():
-        return
-    example = values[bad].flatten()[0].item()
-    raise CheckpointError(
-        f"{file}: {name} holds {int(bad.sum())} {what}, e.g. {example}: {checkpoint.name} was saved after a "
-        f"step that overflowed and cannot be resumed from; {_earlier(checkpoint)}"
-    )
 
 
 def _earlier(checkpoint: Path) -> str:
@@ -453,7 +315,7 @@ def read_data_files(path: Path) -> list[list[dict[str, Any]]] | None:
     """The training files a checkpoint's run read (``data.json``); ``None`` for a checkpoint without one (written
     by an earlier embforge). The manifest has verified the file (:func:`load_trainer_state`)."""
     file = Path(path) / DATA_FILES
-    return _readable(file, _read_json) if file.is_file() else None
+    return readable(file, read_json) if file.is_file() else None
 
 
 def read_progress(path: Path) -> dict[str, Any]:
@@ -466,7 +328,7 @@ def read_progress(path: Path) -> dict[str, Any]:
     if not file.is_file():
         raise CheckpointError(f"{file}: missing; this checkpoint cannot be resumed from")
     try:
-        progress = _read_json(file)
+        progress = read_json(file)
     except (OSError, ValueError) as err:
         raise CheckpointError(
             f"{file}: not valid JSON ({err}); this checkpoint cannot be resumed from"

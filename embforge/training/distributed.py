@@ -201,10 +201,6 @@ class DataParallel:
             self.ddp.register_comm_hook(None, sum_hook)
         self._weight = 1.0
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
     def shard(
         self, task: TaskBatches, rows: tuple[int, ...], *, sync: bool
     ) -> tuple[RankForward, Any, tuple[int, ...]]:  # the loop's prepared task, or this rank's view of it
