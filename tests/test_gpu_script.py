@@ -50,7 +50,7 @@ def test_cpu_tiny_run_reports_every_section(tmp_path):
             if "error" in row:
                 assert any(word in row["error"].lower() for word in NO_GPU_WORDS), (name, row)
     checks = report["sections"]["correctness"]["rows"]
-    assert len(checks) == 5 and all(row["pass"] for row in checks), checks
+    assert len(checks) == 6 and all(row["pass"] for row in checks), checks
     train = [
         r
         for r in report["sections"]["train"]["rows"]

@@ -122,7 +122,7 @@ class Run:
         from gpu_bundle import collect_data, read_data
 
         if not cpu and not torch.cuda.is_available():
-            raise SystemExit(
+            raise RuntimeError(
                 "no GPU: torch.cuda.is_available() is False; run with --cpu --tiny for the CPU check"
             )
         out.mkdir(parents=True, exist_ok=True)
@@ -196,9 +196,11 @@ def meta(device: torch.device, *, tiny: bool, dtype: torch.dtype | None, minilm:
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
+    try:
+        git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+        commit = subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:  # no git on the machine
+        commit = ""
     return {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.machine()})",
         "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
@@ -211,7 +213,7 @@ def meta(device: torch.device, *, tiny: bool, dtype: torch.dtype | None, minilm:
         "flash-attn": version("flash-attn"),
         "peft": version("peft"),
         "python": platform.python_version(),
-        "embforge commit": commit.stdout.strip() or "unknown",
+        "embforge commit": commit or "unknown (no git here)",
         "mode": "tiny" if tiny else "full",
         "training precision": f"{dtype} autocast" if dtype else "fp32",
         "model": str(minilm),

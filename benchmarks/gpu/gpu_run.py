@@ -56,6 +56,8 @@ SECTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
 def cell(value: Any) -> str:
     if isinstance(value, bool):
         return "pass" if value else "**FAIL**"
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value).replace("|", "/").replace("\n", " ")
@@ -128,7 +130,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", action="append", choices=list(SECTIONS), help="run only these sections")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    run = Run.start(out=args.out, cpu=args.cpu, tiny=args.tiny, bundle=args.bundle, data=args.data)
+    try:
+        run = Run.start(out=args.out, cpu=args.cpu, tiny=args.tiny, bundle=args.bundle, data=args.data)
+    except Exception as error:  # no GPU, no model, no data: the report says so too
+        args.out.mkdir(parents=True, exist_ok=True)
+        message = f"{type(error).__name__}: {error}"
+        write_report(
+            {"meta": {"device": "none (set-up failed)", "setup error": message}, "sections": {}}, args.out
+        )
+        raise SystemExit(f"gpu_run: {message}") from error
     for name, section in SECTIONS.items():
         if not args.only or name in args.only:
             run.report["sections"][name] = guarded(run, name, section)

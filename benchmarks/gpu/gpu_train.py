@@ -131,8 +131,10 @@ def train_row(
         timing = measure(run, step, steps)
     flops = sum(step_flops(backbone, lengths(i)) for i in range(1, steps + 1)) / steps
     rate = flops / timing["s/step"]
+    attention = getattr(backbone.config, "_attn_implementation", None) or "-"
     return {
         "library": side,
+        "attention": attention if side == PEER else "packed (SDPA / keyed-dropout chunks)",
         "batch": batch,
         "mini-batch": mini or "-",
         "steps": steps,
@@ -140,7 +142,7 @@ def train_row(
         "s/step": round(timing["s/step"], 4),
         "peak MiB": timing["peak MiB"],
         "tokens/step": round(sum(sum(lengths(i)) for i in range(1, steps + 1)) / steps),
-        "TFLOP/s": round(rate / 1e12, 3),
+        "TFLOP/s": float(f"{rate / 1e12:.4g}"),
         "MFU %": round(100 * rate / matmul_peak(run)["flops"], 1),
     }
 

@@ -9,9 +9,10 @@ out=${1:?usage: bash benchmarks/gpu/run.sh OUTDIR [--cpu --tiny]}
 shift
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON
 elif [ -x "$root/.venv/bin/python" ]; then py=$root/.venv/bin/python
-else py=python3
+elif command -v python3 >/dev/null; then py=python3
+else py=python
 fi
 mkdir -p "$out"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-exec timeout -k 10 "${GPU_RUN_TIMEOUT:-470}" "$py" "$here/gpu_run.py" "$out" "$@" 2>&1 | tee "$out/run.log"
+timeout -k 10 "${GPU_RUN_TIMEOUT:-470}" "$py" "$here/gpu_run.py" "$out" "$@" 2>&1 | tee "$out/run.log"
