@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from embforge.fields import check_ranges, setting
 from embforge.modeling.lora import LoraConfig
 from embforge.modeling.precision import check_amp
 from embforge.ranges import (
@@ -16,9 +17,7 @@ from embforge.ranges import (
     POSITIVE_INT,
     RATIO,
     SEED,
-    Range,
     check,
-    check_fields,
     finite,
 )
 from embforge.training.anchor import check_anchor
@@ -26,32 +25,8 @@ from embforge.training.averaging import check_averaging
 from embforge.training.sampling import STRATEGIES
 
 LAYER_DECAY = finite(0, 1, open_low=True)
-
-# the numeric fields' ranges (the averaging and anchor fields are checked by their modules)
-_RANGES: dict[str, Range] = {
-    "epochs": POSITIVE_INT,
-    "max_steps": POSITIVE_INT,  # or None: epochs
-    "batch_size": POSITIVE_INT,
-    "lr": POSITIVE,
-    "weight_decay": NON_NEGATIVE,
-    "warmup_ratio": RATIO,
-    "max_grad_norm": NON_NEGATIVE,  # 0 = no clipping
-    "grad_accum": POSITIVE_INT,
-    "seed": SEED,
-    "eval_every": NON_NEGATIVE_INT,  # 0 = at the end only
-    "save_every": NON_NEGATIVE_INT,  # 0 = no checkpoints
-    "keep_checkpoints": NON_NEGATIVE_INT,  # 0 = keep them all
-    "log_every": POSITIVE_INT,
-    "chunk_tokens": POSITIVE_INT,  # or None: the default
-    "shuffle_window": NON_NEGATIVE_INT,  # 0 = a whole task
-    "sampling_alpha": FINITE,
-    "dynamic_weights_every": NON_NEGATIVE_INT,  # 0 = fixed weights
-    "dynamic_weights_smoothing": RATIO,
-    "mini_batch_size": NON_NEGATIVE_INT,  # 0 = no cached step
-    "lora_r": NON_NEGATIVE_INT,  # 0 = full fine-tuning
-    "lora_alpha": POSITIVE,  # or None: 2 * lora_r
-    "lora_dropout": finite(0, 1, open_high=True),
-}
+EMA_DECAY = finite(0, 1, open_high=True)
+_OPT, _SCALE, _EVAL, _OUT, _MODEL = "optimisation", "scale", "evaluation", "output", "model"
 
 
 @dataclass
@@ -77,58 +52,212 @@ class TrainConfig:
     (:mod:`embforge.training.anchor`).
     """
 
-    output: str = "output"
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int = 32
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    layer_lr_decay: float = 1.0  # each layer below the last runs at this times the rate above it; 1 = off
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    grad_accum: int = 1
-    amp: str = "auto"
-    seed: int = 42
-    eval_every: int = 0
-    save_every: int = 200
-    keep_checkpoints: int = 1
-    log_every: int = 10
-    group_by_length: bool = False
-    chunk_tokens: int | None = None
+    output: str = setting(
+        "output", "output folder (default ./output)", group=_OUT, value="folder", metavar="DIR"
+    )
+    epochs: int = setting(1, "epochs (default 1)", group=_OPT, range=POSITIVE_INT)
+    max_steps: int | None = setting(
+        None,
+        "stop after this many optimiser steps (overrides --epochs; default: none)",
+        group=_OPT,
+        range=POSITIVE_INT,
+    )
+    batch_size: int = setting(32, "batch size (default 32)", group=_OPT, range=POSITIVE_INT)
+    lr: float = setting(5e-5, "peak learning rate (default 5e-5)", group=_OPT, range=POSITIVE, metavar="LR")
+    weight_decay: float = setting(0.01, "AdamW weight decay (default 0.01)", group=_OPT, range=NON_NEGATIVE)
+    # each layer below the last runs at this times the rate above it; 1 = off
+    layer_lr_decay: float = setting(
+        1.0,
+        "layer-wise learning-rate decay: each layer below the last at D x the rate of the one above, the "
+        "embeddings below the first, e.g. 0.8; D in (0, 1] (default 1 = off)",
+        group=_OPT,
+        range=LAYER_DECAY,
+        checked=False,
+    )
+    warmup_ratio: float = setting(
+        0.1,
+        "fraction of steps of linear warm-up, 0 to 1 (default 0.1)",
+        group=_OPT,
+        range=RATIO,
+        metavar="FRACTION",
+    )
+    max_grad_norm: float = setting(  # 0 = no clipping
+        1.0, "gradient clipping norm, 0 = off (default 1.0)", group=_OPT, range=NON_NEGATIVE, metavar="NORM"
+    )
+    grad_accum: int = setting(1, "gradient accumulation steps (default 1)", group=_OPT, range=POSITIVE_INT)
+    amp: str = setting(
+        "auto",
+        "mixed precision (default auto: bf16 where the CPU/GPU has it natively)",
+        group=_SCALE,
+        choices=("auto", "no", "bf16", "fp16"),
+    )
+    seed: int = setting(
+        42,
+        "random seed (default 42; overrides every stage's seed of a pipeline file)",
+        group=_OPT,
+        range=SEED,
+    )
+    eval_every: int = setting(  # 0 = at the end only
+        0, "evaluate every N steps (default 0: at the end only)", group=_EVAL, range=NON_NEGATIVE_INT
+    )
+    save_every: int = setting(  # 0 = no checkpoints
+        200,
+        "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)",
+        group=_OUT,
+        range=NON_NEGATIVE_INT,
+    )
+    keep_checkpoints: int = setting(1, range=NON_NEGATIVE_INT)  # 0 = keep them all
+    log_every: int = setting(10, range=POSITIVE_INT)
+    group_by_length: bool = setting(
+        False, "batch texts of similar length together (faster, less random; default off)", switch=True
+    )
+    chunk_tokens: int | None = setting(
+        None,
+        "padded tokens per attention block (default 65536) or padded chunk (default 16384)",
+        group=_SCALE,
+        range=POSITIVE_INT,
+        metavar="TOKENS",
+    )
     metric: str | None = None  # None: the evaluator's main metric (primary_metric)
-    device: str = "auto"
+    device: str = setting(
+        "auto", "cpu, cuda, cuda:1 ... (default auto)", group=_SCALE, value="device", metavar="DEVICE"
+    )
     sampling: str = "epoch"
-    shuffle_window: int = 0  # rows shuffled together (a stream's buffer); 0: a whole task (a stream: 10,000)
-    sampling_alpha: float = 0.5
-    dynamic_weights_every: int = 0
-    dynamic_weights_smoothing: float = 0.5
+    # rows shuffled together (a stream's buffer); 0: a whole task (a stream: 10,000)
+    shuffle_window: int = setting(
+        0,
+        "rows shuffled together (default 0: a whole file; stream 10000)",
+        range=NON_NEGATIVE_INT,
+        metavar="ROWS",
+    )
+    sampling_alpha: float = setting(0.5, range=FINITE)
+    dynamic_weights_every: int = setting(0, range=NON_NEGATIVE_INT)  # 0 = fixed weights
+    dynamic_weights_smoothing: float = setting(0.5, range=RATIO)
     dynamic_weights_relative: bool = False
-    resume: bool = False
-    allow_data_change: bool = False  # resume even if the training files changed since the checkpoint
-    quiet: bool = False
-    keep_training_state: bool = False  # keep checkpoints/ after the run (embforge.training.artifacts)
-    mini_batch_size: int = 0
-    gradient_checkpointing: bool = False
-    gather_negatives: bool = True  # torchrun: each rank's loss is the global batch's (distributed.py)
-    lora_r: int = 0  # LoRA rank; 0 = full fine-tuning (embforge.modeling.lora)
-    lora_alpha: float | None = None  # None = 2 * lora_r
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"  # or e.g. "query,value" / "q_proj,v_proj"
-    merge_lora: bool = False  # fold the adapters into the final model (a plain sentence-transformers folder)
-    # weight averaging (embforge.training.averaging): the final model is the average
-    ema_decay: float | None = None  # EMA of the weights, e.g. 0.99; None = off
-    ema_start: int = 0  # first step the EMA follows
-    soup_last: int = 0  # uniform mean of the weights at the last k checkpoint steps; 0 = off
-    soup_every: int = 0  # steps between the soup's members; 0 = save_every
-    # an anchor to the starting weights (embforge.training.anchor)
-    l2sp: float = 0.0  # decoupled L2-SP: after each step pull lr * l2sp of the way back to the start; 0 = off
-    wise_ft: float | None = None  # WiSE-FT: final model = (1 - w) * start + w * fine-tuned; None = off
-    lines: float | None = None  # LiNeS: each weight keeps (a + (1 - a) * its depth) of its change; None = off
-    ewc: float = 0.0  # decoupled EWC: each weight pulled back lr * ewc * its Fisher importance; 0 = off
+    resume: bool = setting(False, "continue from the last checkpoint", group=_OUT, switch=True)
+    allow_data_change: bool = setting(  # resume even if the training files changed since the checkpoint
+        False,
+        "--resume although the training files changed since the checkpoint (default: refused, naming the file)",
+        group=_OUT,
+        switch=True,
+    )
+    quiet: bool = setting(False, "no progress bars", group=_OUT, switch=True)
+    keep_training_state: bool = setting(  # keep checkpoints/ after the run (embforge.training.artifacts)
+        False,
+        "keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later "
+        "(default off: removed)",
+        group=_OUT,
+        switch=True,
+    )
+    mini_batch_size: int = setting(  # 0 = no cached step
+        0,
+        "cached step (GradCache): embed the batch N rows at a time, loss over the whole batch (default 0 = off)",
+        group=_SCALE,
+        range=NON_NEGATIVE_INT,
+    )
+    gradient_checkpointing: bool = setting(
+        False,
+        "recompute each layer in the backward pass: less activation memory, ~1/3 more compute (default off)",
+        group=_SCALE,
+        switch=True,
+    )
+    gather_negatives: bool = setting(  # torchrun: each rank's loss is the global batch's (distributed.py)
+        True,
+        "under torchrun: every process's loss is the global batch's (all-gathered embeddings: in-batch negatives "
+        "from every process, the gradients of one process); default on",
+        group=_SCALE,
+        switch=True,
+        negatable=True,
+    )
+    lora_r: int = setting(  # LoRA rank; 0 = full fine-tuning (embforge.modeling.lora)
+        0,
+        "train rank-R LoRA adapters, not all weights (default 0: off; pip install -e '.[peft]')",
+        group=_MODEL,
+        range=NON_NEGATIVE_INT,
+        metavar="RANK",
+    )
+    lora_alpha: float | None = setting(  # None = 2 * lora_r
+        None, "LoRA scaling numerator (default 2 x rank)", group=_MODEL, range=POSITIVE
+    )
+    lora_dropout: float = setting(
+        0.0,
+        "dropout on the LoRA adapters' input, in [0, 1) (default 0)",
+        group=_MODEL,
+        range=finite(0, 1, open_high=True),
+        metavar="P",
+    )
+    lora_targets: str = setting(  # or e.g. "query,value" / "q_proj,v_proj"
+        "all-linear",
+        "modules to adapt: q_proj,v_proj ... (default all-linear)",
+        group=_MODEL,
+        metavar="MODULES",
+    )
+    merge_lora: bool = setting(  # fold the adapters into the final model (a plain sentence-transformers folder)
+        False,
+        "fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder; default "
+        "off)",
+        group=_OUT,
+        switch=True,
+    )
+    # weight averaging (embforge.training.averaging, which checks these): the final model is the average
+    ema_decay: float | None = setting(
+        None,
+        "final model = EMA of the weights with this decay in [0, 1), e.g. 0.99 (default off)",
+        group=_OPT,
+        range=EMA_DECAY,
+        checked=False,
+    )
+    ema_start: int = setting(
+        0, "first step the EMA follows (default 0)", group=_OPT, range=NON_NEGATIVE_INT, checked=False
+    )
+    soup_last: int = setting(
+        0,
+        "final model = mean of the weights at the last K checkpoint steps (default 0)",
+        group=_OPT,
+        range=NON_NEGATIVE_INT,
+        checked=False,
+    )
+    soup_every: int = setting(  # 0 = save_every
+        0,
+        "steps between the soup's members (default: --save-every)",
+        group=_OPT,
+        range=NON_NEGATIVE_INT,
+        checked=False,
+    )
+    # an anchor to the starting weights (embforge.training.anchor, which checks these)
+    l2sp: float = setting(
+        0.0,
+        "after each step pull lr x L2SP of the way back to the starting weights, e.g. 1000 (default 0: off)",
+        group=_OPT,
+        range=NON_NEGATIVE,
+        checked=False,
+    )
+    wise_ft: float | None = setting(
+        None,
+        "final model = (1 - W) x starting + W x fine-tuned weights, W in [0, 1], e.g. 0.5 (default off)",
+        group=_OPT,
+        range=RATIO,
+        checked=False,
+    )
+    lines: float | None = setting(
+        None,
+        "final model: each weight keeps (A + (1 - A) x its depth) of its change (LiNeS; embeddings A, last layer "
+        "all), A in [0, 1], e.g. 0.5 (default off)",
+        group=_OPT,
+        range=RATIO,
+        checked=False,
+    )
+    ewc: float = setting(
+        0.0,
+        "after each step pull each weight lr x EWC x its Fisher importance of the way back, e.g. 1000 (default 0)",
+        group=_OPT,
+        range=NON_NEGATIVE,
+        checked=False,
+    )
     ewc_texts: int = 2048  # texts of the run's tasks the starting model's Fisher information is estimated on
 
     def __post_init__(self) -> None:
-        check_fields(self, _RANGES, optional=frozenset({"max_steps", "chunk_tokens", "lora_alpha"}))
+        check_ranges(self)
         check("layer_lr_decay", self.layer_lr_decay, LAYER_DECAY, hint="1 = every layer at the full rate")
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")

@@ -48,7 +48,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,7 @@ from embforge.training.pipeline_file import (
     is_pipeline,
     load_pipeline,
     parse_pipeline,
+    with_overrides,
 )
 from embforge.training.run import make_loss, model_dim, new_loss
 from embforge.training.tasks import Task
@@ -304,14 +306,6 @@ def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind = 
         check_stage(stage, i, pipeline, dim=dim, kind=kind)
 
 
-def _overridden(pipeline: Pipeline, *, output: str | None, overrides: dict[str, Any]) -> Pipeline:
-    """``pipeline`` with the caller's output folder, and the ``overrides`` that are set (seed, device, progress
-    setting ...: TrainConfig fields) in every stage."""
-    values = {key: value for key, value in overrides.items() if value is not None}
-    stages = [dataclasses.replace(s, config=dataclasses.replace(s.config, **values)) for s in pipeline.stages]
-    return dataclasses.replace(pipeline, stages=stages, output=pipeline.output if output is None else output)
-
-
 def run_pipeline(
     pipeline: Pipeline,
     *,
@@ -324,6 +318,7 @@ def run_pipeline(
     seed: int | None = None,
     overwrite: bool = False,
     allow_data_change: bool | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validate, then run the stages in order, skipping finished ones and resuming an unfinished one.
 
@@ -341,15 +336,22 @@ def run_pipeline(
         overwrite: Empty an output folder that holds an earlier run first (with ``resume=False``).
         allow_data_change: Overrides every stage's ``allow_data_change`` (resume although training files
             changed).
+        overrides: Fields set in every stage (``lr``, ``batch_size`` ...) or on the pipeline (``model``):
+            :func:`~embforge.training.pipeline_file.with_overrides`; a field that cannot apply to every stage
+            (``loss``, ``train`` ...) is a :class:`PipelineError` naming it.
 
     Returns:
-        ``{"output", "final", "stages": [per-stage training summaries]}``; the final model is saved in
-        ``<output>/final``.
+        ``{"output", "final", "overridden": {field: value set in every stage}, "stages": [per-stage training
+        summaries]}``; the final model is saved in ``<output>/final``.
     """
     from embforge.encoder import Encoder
 
-    overrides = {"seed": seed, "device": device, "quiet": quiet, "allow_data_change": allow_data_change}
-    pipeline = _overridden(pipeline, output=output, overrides=overrides)
+    named = {"seed": seed, "device": device, "quiet": quiet, "allow_data_change": allow_data_change}
+    pipeline, overridden = with_overrides(pipeline, {**(overrides or {}), **named})
+    pipeline = dataclasses.replace(pipeline, output=pipeline.output if output is None else output)
+    if overridden and not pipeline.stages[0].config.quiet:
+        changed = ", ".join(f"{key} = {value!r}" for key, value in overridden.items())
+        print(f"train: {pipeline.source}: set in every stage: {changed}", file=sys.stderr)
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
     validate_pipeline(pipeline, dim=model_dim(model), kind=kind_of(model))  # before any training
@@ -389,4 +391,4 @@ def run_pipeline(
         atomic_dir(out / "final", model.save)
         link_identical(out / "final", stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights
     barrier()
-    return {"output": str(out), "final": str(out / "final"), "stages": summaries}
+    return {"output": str(out), "final": str(out / "final"), "overridden": overridden, "stages": summaries}

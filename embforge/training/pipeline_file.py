@@ -6,13 +6,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import TrainConfig
-from embforge.training.run import load_toml
+from embforge.training.spec import load_toml
 
 
 class PipelineError(ValueError):
@@ -130,3 +131,67 @@ def load_pipeline(path: str | Path) -> Pipeline:
 def is_pipeline(values: dict[str, Any]) -> bool:
     """Whether a TOML dict describes a pipeline (has ``[[stages]]``) rather than a single run."""
     return "stages" in values
+
+
+# What a single run's field means for a pipeline file: the fields of a task are the file's to say; these are
+# refused with the reason (a flag given with a pipeline file is never dropped).
+_TASK_REASON = "each [[stages.tasks]] of the file names its own data, loss, options and columns"
+_MINE_REASON = "a pipeline's task mines its negatives with mine = {...}; a retrieval run is a single run"
+REFUSED: dict[str, str] = {
+    **dict.fromkeys(["train", "loss", "loss_options", "columns", "header"], _TASK_REASON),
+    "model_type": "a pipeline file trains the bi-encoder its model names (Python: run_pipeline(model=...))",
+    **dict.fromkeys(
+        ["eval", "retrieval_eval_split"], "a pipeline's stages are not evaluated during training"
+    ),
+    **dict.fromkeys(
+        ["data_mode", "max_bad_rows", "data_cache", "data_split"], "a pipeline's tasks are read in memory"
+    ),
+    **dict.fromkeys(
+        ["retrieval_train", "retrieval_split", "num_negatives", "mine_method", "refresh_negatives_every"],
+        _MINE_REASON,
+    ),
+    **dict.fromkeys(["hard_ratio_start", "hard_ratio_end"], _MINE_REASON),
+    **dict.fromkeys(
+        ["lora_r", "lora_alpha", "lora_dropout", "lora_targets", "merge_lora"],
+        "a pipeline trains all weights (its stages take no LoRA adapters)",
+    ),
+}
+_TOP_OVERRIDES = {"model", "max_seq_length"}
+_STAGE_OVERRIDES = {"matryoshka_dims", "matryoshka_weights"}
+
+
+def refusal(key: str) -> str | None:
+    """Why a single run's field ``key`` cannot be given with a pipeline file; ``None`` when it overrides."""
+    if key in REFUSED:
+        return REFUSED[key]
+    if key in _TOP_OVERRIDES or key in _STAGE_OVERRIDES or key in _CONFIG_FIELDS | {"max_steps"}:
+        return None
+    return "it is not a field of a pipeline"
+
+
+def with_overrides(pipeline: Pipeline, values: Mapping[str, Any]) -> tuple[Pipeline, dict[str, Any]]:
+    """``pipeline`` with ``values`` (those not ``None``) set in every stage (TrainConfig and Matryoshka fields)
+    or on the pipeline (``model``, ``max_seq_length``), and what was set. ``epochs`` without ``max_steps``
+    also clears every stage's ``steps``.
+
+    Raises:
+        PipelineError: a field that cannot apply to every stage (:func:`refusal`), or a value out of range.
+    """
+    given = {key: value for key, value in values.items() if value is not None}
+    for key in given:
+        reason = refusal(key)
+        if reason:
+            raise PipelineError(f"{pipeline.source}: {key} cannot be set for a pipeline: {reason}")
+    if "epochs" in given and "max_steps" not in given:
+        given["max_steps"] = None
+    config = {k: v for k, v in given.items() if k in _CONFIG_FIELDS | {"max_steps"}}
+    stage = {k: v for k, v in given.items() if k in _STAGE_OVERRIDES}
+    try:
+        stages = [
+            dataclasses.replace(s, config=dataclasses.replace(s.config, **config), **stage)
+            for s in pipeline.stages
+        ]
+    except (TypeError, ValueError) as err:
+        raise PipelineError(f"{pipeline.source}: {err}") from None
+    top = {k: v for k, v in given.items() if k in _TOP_OVERRIDES}
+    return dataclasses.replace(pipeline, stages=stages, **top), given

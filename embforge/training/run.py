@@ -7,10 +7,8 @@ builds losses and evaluators — multi-stage pipelines (:mod:`embforge.training.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,83 +19,32 @@ from embforge.kinds import ModelKind, kind_of, model_class, parse_kind
 from embforge.losses.base import EmbeddingLoss
 from embforge.losses.cross import CrossLoss
 from embforge.modeling.encoding import BatchEncoding
-from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.artifacts import claim_output
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.loop import train
+from embforge.training.spec import RunSpec, load_toml, spec_from_dict
 from embforge.training.tasks import Task
 
 if TYPE_CHECKING:
     from embforge.protocols import Embedder, Kinded
     from embforge.training.refresh import RefreshConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-
-@dataclass
-class RunSpec:
-    """A single-stage run: model + training files + loss + :class:`TrainConfig`."""
-
-    model: str = DEFAULT_MODEL
-    train: list[str] = field(default_factory=list)
-    eval: str | None = None
-    loss: str | None = None  # None: the model kind's and run's default (resolved_loss)
-    loss_options: dict[str, Any] = field(default_factory=dict)
-    columns: str | dict[str, str] | None = None
-    header: bool | None = None  # whether CSV/TSV training files have a header row (None: detected)
-    matryoshka_dims: list[int] | None = None
-    matryoshka_weights: list[float] | None = None
-    max_seq_length: int | None = None
-    # how training files are read (embforge.data.sources): memory, mmap (Arrow cache) or stream
-    data_mode: str = "memory"
-    max_bad_rows: int = 0
-    data_cache: str | None = None
-    data_split: str = "train"
-    # a kind of embforge.kinds.ModelKind: "dense" (Encoder; "bi" also accepted), "cross" (CrossEncoder; losses
-    # bce, ce, cosent, mse, listwise), "multivector", "sparse" or "static"
-    model_type: str = "dense"
-    # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
-    retrieval_train: str | None = None
-    retrieval_split: str = "train"
-    retrieval_eval_split: str | None = None
-    num_negatives: int = 1
-    mine_method: str = "dense"
-    refresh_negatives_every: int = 0
-    hard_ratio_start: float = 0.3
-    hard_ratio_end: float = 0.9
-    # a new run in a folder that is not empty: refused unless resumed (config.resume) or emptied first
-    overwrite: bool = False
-    config: TrainConfig = field(default_factory=TrainConfig)
-
-
-_SPEC_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"config"}
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
-
-
-def spec_from_dict(values: dict[str, Any], *, source: str = "config") -> RunSpec:
-    """Build a :class:`RunSpec` from flat keys (RunSpec and TrainConfig fields); unknown keys are an error."""
-    unknown = set(values) - _SPEC_FIELDS - _CONFIG_FIELDS
-    if unknown:
-        raise ValueError(
-            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
-            f"valid keys: {', '.join(sorted(_SPEC_FIELDS | _CONFIG_FIELDS))}"
-        )
-    spec_values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
-    if isinstance(spec_values.get("train"), str):
-        spec_values["train"] = [spec_values["train"]]
-    try:
-        config = TrainConfig(**{k: v for k, v in values.items() if k in _CONFIG_FIELDS})
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
-    return RunSpec(**spec_values, config=config)
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    with open(path, "rb") as handle:
-        return tomllib.load(handle)
+__all__ = [
+    "RunSpec",
+    "build_tasks",
+    "check_inputs",
+    "load_model",
+    "load_toml",
+    "make_evaluator",
+    "make_loss",
+    "model_dim",
+    "new_loss",
+    "resolved_loss",
+    "run",
+    "source_options",
+    "spec_from_dict",
+    "with_lora",
+]
 
 
 def new_loss(

@@ -1,0 +1,71 @@
+"""Flags given with a pipeline file (issue #49): each one overrides its field in every stage, and the run says
+so, or is refused in one line naming the flag; none is dropped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from embforge.cli import main
+from tests.conftest import pipeline_head
+
+PAIRS = [
+    ("a man plays the guitar", "a man is playing guitar"),
+    ("a woman eats food", "a woman is eating"),
+    ("a cat runs in the park", "a cat is in the park"),
+    ("the stock market rises", "the price rises"),
+    ("a child reads a book", "a child is reading"),
+    ("a plane is taking off", "the plane takes off"),
+]
+
+
+def two_stages(tmp_path: Path, model_dir: Path) -> Path:
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in PAIRS)
+    )
+    path = tmp_path / "two.toml"
+    stage = '\n[[stages]]\nname = "{name}"\nlr = 1e-3\nsteps = 3\n  [[stages.tasks]]\n  name = "pairs"\n'
+    stage += '  data = "pairs.jsonl"\n  loss = "infonce"\n'
+    path.write_text(
+        pipeline_head(model_dir, save_every=0) + stage.format(name="one") + stage.format(name="two")
+    )
+    return path
+
+
+def _settings(folder: Path) -> dict[str, str]:
+    """The ``| field | value |`` rows of the model card a stage saved."""
+    card = (folder / "README.md").read_text()
+    rows = [line.split("|") for line in card.splitlines() if line.count("|") >= 3]
+    return {row[1].strip(" `"): row[2].strip(" `") for row in rows}
+
+
+def test_training_flags_override_every_stage_and_are_reported(tmp_path, tiny_model_dir, capsys):
+    path, out = two_stages(tmp_path, tiny_model_dir), tmp_path / "out"
+    flags = ["--lr", "0.5", "--batch-size", "3", "--max-steps", "2", "--warmup-ratio", "0"]
+    assert main(["train", str(path), "--output", str(out), *flags]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["overridden"] == {"lr": 0.5, "batch_size": 3, "max_steps": 2, "warmup_ratio": 0.0}
+    assert [s["steps"] for s in result["stages"]] == [2, 2]
+    for stage in ("stage-1-one", "stage-2-two"):
+        settings = _settings(out / stage)
+        assert (settings["lr"], settings["batch_size"], settings["max_steps"]) == ("0.5", "3", "2")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--loss", "bce"], "--loss"),
+        (["--model-type", "cross"], "--model-type"),
+        (["--train", "pairs.jsonl"], "--train"),
+        (["--columns", "0=anchor,1=positive"], "--columns"),
+        (["--lr", "0.5", "--loss", "bce", "--batch-size", "3"], "--loss"),
+    ],
+)
+def test_task_flags_are_refused_naming_the_flag(tmp_path, tiny_model_dir, capsys, flags, named):
+    path, out = two_stages(tmp_path, tiny_model_dir), tmp_path / "out"
+    assert main(["train", str(path), "--output", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and "pipeline" in err, err
+    assert not out.exists()  # refused before anything ran
