@@ -35,6 +35,7 @@ class About:
     folder, ``folder``: a folder written to, ``device``, ``int_list``, ``option``: ``NAME=VALUE``), ``switch``
     makes an on/off flag (``negatable``: with a ``--no-`` form), ``repeat`` a flag given once per value.
     ``checked=False``: the range is the flag's only; the field's own module checks the value (with its words).
+    ``pipeline``: why the field, which describes one run's task, cannot be set in every stage of a pipeline file.
     """
 
     help: str | None = None
@@ -48,6 +49,7 @@ class About:
     negatable: bool = False
     repeat: bool = False
     name: str | None = None  # the flag, when not --<field-name>
+    pipeline: str | None = None  # why a pipeline file cannot take the field in every stage (None: it can)
 
     def flag_of(self, field_name: str) -> str:
         return self.name or "--" + field_name.replace("_", "-")
@@ -70,6 +72,12 @@ def described(cls: type) -> Iterator[tuple[dataclasses.Field[Any], About]]:
         info = item.metadata.get(KEY)
         if info is not None and info.help is not None:
             yield item, info
+
+
+def about_field(cls: type, name: str) -> About:
+    """What field ``name`` of dataclass ``cls`` declares (an empty :class:`About` when nothing)."""
+    item = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return item.metadata.get(KEY, About())
 
 
 def check_ranges(config: object) -> None:

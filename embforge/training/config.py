@@ -27,6 +27,7 @@ from embforge.training.sampling import STRATEGIES
 LAYER_DECAY = finite(0, 1, open_low=True)
 EMA_DECAY = finite(0, 1, open_high=True)
 _OPT, _SCALE, _EVAL, _OUT, _MODEL = "optimisation", "scale", "evaluation", "output", "model"
+_NO_LORA = "a pipeline trains all weights (its stages take no LoRA adapters)"  # About.pipeline
 
 
 @dataclass
@@ -175,13 +176,14 @@ class TrainConfig:
         group=_MODEL,
         range=NON_NEGATIVE_INT,
         metavar="RANK",
+        pipeline=_NO_LORA,
     )
     lora_alpha: float | None = setting(  # None = 2 * lora_r
-        None, "LoRA scaling numerator (default 2 x rank)", group=_MODEL, range=POSITIVE
+        None, "LoRA scaling numerator (default 2 x rank)", group=_MODEL, range=POSITIVE, pipeline=_NO_LORA
     )
     lora_dropout: float = setting(
         0.0,
-        "dropout on the LoRA adapters' input, in [0, 1) (default 0)",
+        "dropout on the LoRA adapters' input, in [0, 1, pipeline=_NO_LORA) (default 0)",
         group=_MODEL,
         range=finite(0, 1, open_high=True),
         metavar="P",
@@ -191,6 +193,7 @@ class TrainConfig:
         "modules to adapt: q_proj,v_proj ... (default all-linear)",
         group=_MODEL,
         metavar="MODULES",
+        pipeline=_NO_LORA,
     )
     merge_lora: bool = setting(  # fold the adapters into the final model (a plain sentence-transformers folder)
         False,
@@ -198,6 +201,7 @@ class TrainConfig:
         "off)",
         group=_OUT,
         switch=True,
+        pipeline=_NO_LORA,
     )
     # weight averaging (embforge.training.averaging, which checks these): the final model is the average
     ema_decay: float | None = setting(

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embforge.fields import about_field
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import TrainConfig
-from embforge.training.spec import load_toml
+from embforge.training.spec import RunSpec, load_toml
 
 
 class PipelineError(ValueError):
@@ -133,37 +134,16 @@ def is_pipeline(values: dict[str, Any]) -> bool:
     return "stages" in values
 
 
-# What a single run's field means for a pipeline file: the fields of a task are the file's to say; these are
-# refused with the reason (a flag given with a pipeline file is never dropped).
-_TASK_REASON = "each [[stages.tasks]] of the file names its own data, loss, options and columns"
-_MINE_REASON = "a pipeline's task mines its negatives with mine = {...}; a retrieval run is a single run"
-REFUSED: dict[str, str] = {
-    **dict.fromkeys(["train", "loss", "loss_options", "columns", "header"], _TASK_REASON),
-    "model_type": "a pipeline file trains the bi-encoder its model names (Python: run_pipeline(model=...))",
-    **dict.fromkeys(
-        ["eval", "retrieval_eval_split"], "a pipeline's stages are not evaluated during training"
-    ),
-    **dict.fromkeys(
-        ["data_mode", "max_bad_rows", "data_cache", "data_split"], "a pipeline's tasks are read in memory"
-    ),
-    **dict.fromkeys(
-        ["retrieval_train", "retrieval_split", "num_negatives", "mine_method", "refresh_negatives_every"],
-        _MINE_REASON,
-    ),
-    **dict.fromkeys(["hard_ratio_start", "hard_ratio_end"], _MINE_REASON),
-    **dict.fromkeys(
-        ["lora_r", "lora_alpha", "lora_dropout", "lora_targets", "merge_lora"],
-        "a pipeline trains all weights (its stages take no LoRA adapters)",
-    ),
-}
 _TOP_OVERRIDES = {"model", "max_seq_length"}
 _STAGE_OVERRIDES = {"matryoshka_dims", "matryoshka_weights"}
 
 
 def refusal(key: str) -> str | None:
-    """Why a single run's field ``key`` cannot be given with a pipeline file; ``None`` when it overrides."""
-    if key in REFUSED:
-        return REFUSED[key]
+    """Why a single run's field ``key`` cannot be given with a pipeline file (what the field declares, e.g.
+    ``loss``: each task names its own); ``None`` when it overrides every stage or the pipeline's model."""
+    for owner in (RunSpec, TrainConfig):
+        if key in {f.name for f in dataclasses.fields(owner)} and about_field(owner, key).pipeline:
+            return about_field(owner, key).pipeline
     if key in _TOP_OVERRIDES or key in _STAGE_OVERRIDES or key in _CONFIG_FIELDS | {"max_steps"}:
         return None
     return "it is not a field of a pipeline"

@@ -21,6 +21,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# why a field of one run cannot be given with a pipeline file (About.pipeline): the file says it per task
+_TASK = "each [[stages.tasks]] of the file names its own data, loss, options and columns"
+_KIND = "a pipeline file trains the bi-encoder its model names (Python: run_pipeline(model=...))"
+_EVAL = "a pipeline's stages are not evaluated during training"
+_MEMORY = "a pipeline's tasks are read in memory"
+_MINE = "a pipeline's task mines its negatives with mine = {...}; a retrieval run is a single run"
+
 
 @dataclass
 class RunSpec:
@@ -31,7 +38,13 @@ class RunSpec:
     )
     train: list[str] = field(
         default_factory=list,
-        metadata=about("training file (repeat for several tasks)", value="data", repeat=True, metavar="FILE"),
+        metadata=about(
+            "training file (repeat for several tasks)",
+            value="data",
+            repeat=True,
+            metavar="FILE",
+            pipeline=_TASK,
+        ),
     )
     eval: str | None = setting(
         None,
@@ -40,6 +53,7 @@ class RunSpec:
         group="evaluation",
         value="data",
         metavar="FILE",
+        pipeline=_EVAL,
     )
     loss: str | None = setting(  # None: the model kind's and run's default (resolved_loss)
         None,
@@ -47,6 +61,7 @@ class RunSpec:
         "sparse models)",
         group="loss",
         metavar="NAME",
+        pipeline=_TASK,
     )
     loss_options: dict[str, Any] = field(
         default_factory=dict,
@@ -57,6 +72,7 @@ class RunSpec:
             repeat=True,
             metavar="NAME=VALUE",
             name="--loss-option",
+            pipeline=_TASK,
         ),
     )
     columns: str | dict[str, str] | None = field(
@@ -65,6 +81,7 @@ class RunSpec:
             "column mapping, e.g. '0=sentence1,1=sentence2,2=score'; columns not named keep their standard names "
             "(default: the file's column names)",
             metavar="MAPPING",
+            pipeline=_TASK,
         ),
     )
     header: bool | None = setting(  # whether CSV/TSV training files have a header row (None: detected)
@@ -73,6 +90,7 @@ class RunSpec:
         "the content; names in --columns imply a header)",
         switch=True,
         negatable=True,
+        pipeline=_TASK,
     )
     matryoshka_dims: list[int] | None = field(
         default=None,
@@ -97,14 +115,23 @@ class RunSpec:
         "memory (default), mmap (an Arrow cache written once, memory-mapped) or stream (read as training goes); "
         "--train may then be a folder of data files or a Hugging Face data set id",
         metavar="MODE",
+        pipeline=_MEMORY,
     )
     max_bad_rows: int = setting(
-        0, "mmap/stream: skip up to N bad rows (default 0: stop at the first)", range=NON_NEGATIVE_INT
+        0,
+        "mmap/stream: skip up to N bad rows (default 0: stop at the first)",
+        range=NON_NEGATIVE_INT,
+        pipeline=_MEMORY,
     )
     data_cache: str | None = setting(
-        None, "mmap: folder for the Arrow cache (default: the datasets cache)", metavar="DIR"
+        None,
+        "mmap: folder for the Arrow cache (default: the datasets cache)",
+        metavar="DIR",
+        pipeline=_MEMORY,
     )
-    data_split: str = setting("train", "split of a Hugging Face data set id (default train)", metavar="SPLIT")
+    data_split: str = setting(
+        "train", "split of a Hugging Face data set id (default train)", metavar="SPLIT", pipeline=_MEMORY
+    )
     # a kind of embforge.kinds.ModelKind: "dense" (Encoder; "bi" also accepted), "cross" (CrossEncoder; losses
     # bce, ce, cosent, mse, listwise), "multivector", "sparse" or "static"
     model_type: str = setting(
@@ -113,29 +140,45 @@ class RunSpec:
         "token), sparse (SPLADE: an MLM head) or static (token-embedding table, e.g. from distill-static)",
         group="model",
         metavar="KIND",
+        pipeline=_KIND,
     )
     # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
     retrieval_train: str | None = setting(
-        None, "BEIR or SciFact folder: train a retriever on its qrels (default: none)", metavar="FOLDER"
+        None,
+        "BEIR or SciFact folder: train a retriever on its qrels (default: none)",
+        metavar="FOLDER",
+        pipeline=_MINE,
     )
-    retrieval_split: str = setting("train", "qrels split to train on (default train)", metavar="SPLIT")
+    retrieval_split: str = setting(
+        "train", "qrels split to train on (default train)", metavar="SPLIT", pipeline=_MINE
+    )
     retrieval_eval_split: str | None = setting(
-        None, "split evaluated (NDCG@10) during training (default: none)", group="evaluation", metavar="SPLIT"
+        None,
+        "split evaluated (NDCG@10) during training (default: none)",
+        group="evaluation",
+        metavar="SPLIT",
+        pipeline=_EVAL,
     )
     num_negatives: int = setting(
-        1, "mined negatives per row, 0 = in-batch only (default 1)", range=NON_NEGATIVE_INT
+        1, "mined negatives per row, 0 = in-batch only (default 1)", range=NON_NEGATIVE_INT, pipeline=_MINE
     )
     mine_method: str = setting(
-        "dense", "how negatives are mined (default dense)", choices=("dense", "bm25", "hybrid")
+        "dense",
+        "how negatives are mined (default dense)",
+        choices=("dense", "bm25", "hybrid"),
+        pipeline=_MINE,
     )
     refresh_negatives_every: int = setting(
-        0, "re-mine with the current model every N steps (default 0: never)", range=NON_NEGATIVE_INT
+        0,
+        "re-mine with the current model every N steps (default 0: never)",
+        range=NON_NEGATIVE_INT,
+        pipeline=_MINE,
     )
     hard_ratio_start: float = setting(
-        0.3, "hard-negative ratio at the start (default 0.3)", range=RATIO, metavar="FRACTION"
+        0.3, "hard-negative ratio at the start (default 0.3)", range=RATIO, metavar="FRACTION", pipeline=_MINE
     )
     hard_ratio_end: float = setting(
-        0.9, "hard-negative ratio at the end (default 0.9)", range=RATIO, metavar="FRACTION"
+        0.9, "hard-negative ratio at the end (default 0.9)", range=RATIO, metavar="FRACTION", pipeline=_MINE
     )
     # a new run in a folder that is not empty: refused unless resumed (config.resume) or emptied first
     overwrite: bool = setting(

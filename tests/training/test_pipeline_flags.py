@@ -69,3 +69,42 @@ def test_task_flags_are_refused_naming_the_flag(tmp_path, tiny_model_dir, capsys
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err and "pipeline" in err, err
     assert not out.exists()  # refused before anything ran
+
+
+def test_every_flag_overrides_a_field_of_every_stage_or_is_refused():
+    """A flag's field either lands in each stage's TrainConfig (or the pipeline's model / Matryoshka settings) or
+    declares why a pipeline cannot take it: a new field cannot be dropped silently."""
+    import dataclasses
+
+    from embforge.cli.train import _fields
+    from embforge.training.config import TrainConfig
+    from embforge.training.pipeline_file import refusal
+
+    settable = {f.name for f in dataclasses.fields(TrainConfig)} | {
+        "model",
+        "max_seq_length",
+        "matryoshka_dims",
+    }
+    for item, _ in _fields():
+        reason = refusal(item.name)
+        assert reason or item.name in settable, f"--{item.name} would be dropped with a pipeline file"
+    assert refusal("loss") and "tasks" in str(refusal("loss")) and refusal("lr") is None
+
+
+def test_overrides_of_a_parsed_pipeline(tmp_path, tiny_model_dir):
+    from embforge.training.pipeline_file import PipelineError, load_pipeline, with_overrides
+
+    pipeline = load_pipeline(two_stages(tmp_path, tiny_model_dir))
+    changed, given = with_overrides(
+        pipeline, {"epochs": 2, "lr": None, "model": "other", "matryoshka_dims": [8]}
+    )
+    assert given == {"epochs": 2, "model": "other", "matryoshka_dims": [8], "max_steps": None}
+    assert [(s.config.epochs, s.config.max_steps, s.config.lr) for s in changed.stages] == [
+        (2, None, 1e-3)
+    ] * 2
+    assert changed.model == "other" and [s.matryoshka_dims for s in changed.stages] == [[8], [8]]
+    assert [s.config.max_steps for s in pipeline.stages] == [3, 3]  # the parsed pipeline is unchanged
+    with pytest.raises(PipelineError, match="lr must be a finite number > 0"):
+        with_overrides(pipeline, {"lr": -1.0})
+    with pytest.raises(PipelineError, match=r"num_negatives cannot be set for a pipeline: .*mine = "):
+        with_overrides(pipeline, {"num_negatives": 2})
