@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from embforge.kinds import ModelKind, folder_kind
+from embforge.kind_names import ModelKind
+from embforge.kinds import folder_kind, folder_record
 from embforge.modeling.dropout import forward_keys, text_keys
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TransformerModule
@@ -348,13 +349,6 @@ class CrossEncoder(Tokenized, TransformerModule):
         write_st_config(root, config)
 
 
-# what a folder of another kind is, in a refusal
-_OTHER_KINDS = {
-    ModelKind.DENSE: "a dense embedding model (sentence-transformers folder)",
-    ModelKind.SPARSE: "a sparse (SPLADE) embedding model",
-    ModelKind.MULTIVECTOR: "a multi-vector (ColBERT) embedding model",
-    ModelKind.STATIC: "a static embedding model",
-}
 _TRAIN_ONE = "train a cross-encoder from it (embforge train --model-type cross, or CrossEncoder.load(..., new_head=True))"
 
 
@@ -364,10 +358,9 @@ def refuse_untrained_head(path: ModelPath, root: Path) -> None:
     model without a ``...ForSequenceClassification`` architecture. Its scores would come from a random head."""
     if is_cross_encoder_folder(root):
         return
-    kind = folder_kind(root) or (ModelKind.DENSE if has_modules(root) else None)
-    if kind is not None:
+    if folder_kind(root) is not None or has_modules(root):  # a modules.json without a declaration: dense
         raise ValueError(
-            f"{path} is {_OTHER_KINDS[kind]}, not a cross-encoder: pass it as --model (an embedding model), or "
+            f"{path} is {folder_record(root).description}, not a cross-encoder: pass it as --model (an embedding model), or "
             f"{_TRAIN_ONE}"
         )
     architectures = read_json(root / "config.json").get("architectures") or []

@@ -37,6 +37,7 @@ __all__ = [
     "KindRecord",
     "ModelKind",
     "folder_kind",
+    "folder_record",
     "is_pair_scorer",
     "is_single_vector",
     "kind_of",
@@ -83,6 +84,8 @@ class KindRecord:
         mergeable: Whether ``embforge merge`` averages its weights.
         st_model_types: ``config_sentence_transformers.json`` ``model_type`` values declaring the kind.
         st_first_module: A ``modules.json`` first module declaring the kind (static: ``StaticEmbedding``).
+        card: ``card(folder) -> facts`` of its model-card section (:mod:`embforge.training.kind_cards`); ``None``:
+            the dense or cross-encoder card.
     """
 
     kind: ModelKind
@@ -107,6 +110,7 @@ class KindRecord:
     mergeable: bool = False
     st_model_types: tuple[str, ...] = ()
     st_first_module: str | None = None
+    card: str | None = None
 
     def model_cls(self) -> Any:
         """The model class (imported now)."""
@@ -206,6 +210,7 @@ KINDS: dict[ModelKind, KindRecord] = {
             ),
             matryoshka=False,
             st_model_types=("MultiVectorEncoder", "ColBERT"),  # ColBERT: pylate's folders
+            card="embforge.training.kind_cards:multivector_card",
         ),
         KindRecord(
             ModelKind.SPARSE,
@@ -225,6 +230,7 @@ KINDS: dict[ModelKind, KindRecord] = {
             ),
             lora=False,  # its folder holds no adapters
             st_model_types=("SparseEncoder",),
+            card="embforge.training.kind_cards:sparse_card",
         ),
         KindRecord(
             ModelKind.STATIC,
@@ -238,6 +244,7 @@ KINDS: dict[ModelKind, KindRecord] = {
             single_vector=True,
             lora=False,  # its folder holds no adapters
             st_first_module="StaticEmbedding",  # sentence-transformers' static models say SentenceTransformer
+            card="embforge.training.kind_cards:static_card",
         ),
     )
 }
@@ -306,9 +313,14 @@ def folder_kind(path: ModelPath) -> ModelKind | None:
     return _ST_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
 
 
+def folder_record(path: ModelPath) -> KindRecord:
+    """The record of the kind a saved folder declares; dense for a folder that does not say (a plain Hugging
+    Face or sentence-transformers folder)."""
+    return KINDS[folder_kind(path) or ModelKind.DENSE]
+
+
 def load_any(path: ModelPath, **options: Unpack[LoadOptions]) -> Embedder | PairScorer:
     """Load a folder as the kind it declares (a dense :class:`~embforge.encoder.Encoder` when it does not say),
     with the options every kind's ``load`` takes."""
-    kind = folder_kind(path) or ModelKind.DENSE  # a folder that declares nothing: the default kind's name
-    model: Embedder | PairScorer = kind_record(kind).model_cls().load(path, **options)
+    model: Embedder | PairScorer = folder_record(path).model_cls().load(path, **options)
     return model

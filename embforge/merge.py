@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from embforge.encoder import Encoder
-from embforge.kinds import ModelKind, folder_kind
+from embforge.kinds import folder_kind, kind_record
 from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import ST_CONFIG_FILE, read_st_config, write_json
 
@@ -297,7 +297,7 @@ def _refuse_other_kinds(folders: Sequence[str | os.PathLike]) -> None:
     """Merging averages dense bi-encoders' weights; other kinds (sparse, static, ...) get a clear error."""
     for folder in folders:
         kind = folder_kind(folder)
-        if kind not in (None, ModelKind.DENSE):
+        if kind is not None and not kind_record(kind).mergeable:
             raise ValueError(
                 f"{folder} is a {kind.value} model: embforge merge combines dense bi-encoders (sentence-transformers "
                 "folders) only"

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 from embforge.cli.common import add_batch_size_arg, add_model_arg
 from embforge.cli.values import data_path, positive_int
+
+if TYPE_CHECKING:
+    from embforge.protocols import BatchEmbedder
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -53,17 +57,26 @@ def read_texts(path: str, columns: str | None) -> list[str]:
 def run_encode(args: argparse.Namespace) -> Mapping[str, object] | None:
     import numpy as np
 
-    from embforge.kinds import ModelKind, folder_kind, load_any
+    from embforge.kinds import folder_record, is_single_vector, load_any
     from embforge.retrieval.sharded import is_main, sharded
 
-    kind = folder_kind(args.model)
-    if kind in (ModelKind.SPARSE, ModelKind.MULTIVECTOR):
+    record = folder_record(args.model)
+    if not record.single_vector:
+        how = (
+            "Score pairs with it in Python (CrossEncoder.predict)"
+            if record.pair_scoring
+            else "Encode it in Python (encode_document / encode_query) or through 'embforge serve'"
+        )
         raise ValueError(
-            f"{args.model} is a {kind.value} model; embforge encode writes one dense vector per text (.npy). "
-            "Encode it in Python (encode_document / encode_query) or through 'embforge serve'"
+            f"{args.model} is a {record.kind.value} model; embforge encode writes one dense vector per text "
+            f"(.npy). {how}"
         )
     texts = read_texts(args.input, args.columns)
-    model = sharded(load_any(args.model))  # torchrun: each process encodes a share (retrieval/sharded.py)
+    loaded = load_any(args.model)
+    assert is_single_vector(loaded)  # its record says so
+    model = sharded(
+        cast("BatchEmbedder", loaded)
+    )  # single-vector kinds are BatchEncodings  # torchrun: each process encodes a share (retrieval/sharded.py)
     emb = model.encode(
         texts,
         batch_size=args.batch_size,

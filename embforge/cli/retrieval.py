@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from embforge.cli.common import (
     DeprecatedFlag,
@@ -41,6 +41,7 @@ from embforge.cli.values import (
 if TYPE_CHECKING:
     from embforge.data.retrieval import RetrievalData
     from embforge.data.tables import Dataset
+    from embforge.protocols import BatchEmbedder
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -209,24 +210,30 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
         )
     data = load_data(args.data, split)
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
-    from embforge.kinds import ModelKind, folder_kind, load_any
+    from embforge.kinds import folder_record, is_single_vector, load_any
 
-    if folder_kind(args.model) == ModelKind.MULTIVECTOR:  # ColBERT: MaxSim, --index-kind exact or plaid
-        from embforge.multivector import MultiVectorEncoder
-        from embforge.multivector.evaluate import evaluate_multivector
-
-        late = MultiVectorEncoder.load(args.model, max_seq_length=args.max_seq_length)
-        return evaluate_multivector(
-            late, data, metrics=metrics, batch_size=args.batch_size, index=args.index_kind
+    # a kind that scores retrieval its own way (its record's evaluator: ColBERT's MaxSim with --index-kind exact
+    # or plaid, SPLADE's inverted index), in one process
+    record = folder_record(args.model)
+    own = record.evaluator("retrieval")
+    if own is not None:
+        return own(
+            load_any(args.model, max_seq_length=args.max_seq_length),
+            data,
+            metrics=metrics,
+            batch_size=args.batch_size,
+            index=args.index_kind,
+            show_progress=True,
         )
-    if folder_kind(args.model) == ModelKind.SPARSE:  # SPLADE: dot products over an inverted index
-        from embforge.sparse.evaluate import evaluate_sparse
-        from embforge.sparse.model import SparseEncoder
-
-        sparse = SparseEncoder.load(args.model, max_seq_length=args.max_seq_length)
-        return evaluate_sparse(sparse, data, metrics=metrics, batch_size=args.batch_size, show_progress=True)
     check_kind(args.index_kind)
-    model = sharded(load_any(args.model, max_seq_length=args.max_seq_length))  # torchrun: shares
+    loaded = load_any(args.model, max_seq_length=args.max_seq_length)
+    if not is_single_vector(loaded):
+        raise ValueError(
+            f"{args.model} is {record.description}: retrieval evaluation needs an embedding model"
+        )
+    model = sharded(
+        cast("BatchEmbedder", loaded)
+    )  # single-vector kinds batch (BatchEncoding); torchrun: shares
     result = evaluate_retrieval(
         model,
         data,

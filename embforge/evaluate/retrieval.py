@@ -15,12 +15,10 @@ import numpy as np
 
 from embforge.data.retrieval import RetrievalData
 from embforge.evaluate.ranking import evaluate_queries, run_from_topk
-from embforge.kinds import ModelKind, kind_of
-from embforge.multivector.evaluate import evaluate_multivector
+from embforge.kinds import kind_record
 from embforge.retrieval.corpus_cache import CorpusEmbeddings, encode_corpus, model_fingerprint
 from embforge.retrieval.index.registry import create_index
 from embforge.retrieval.search import DenseSearch
-from embforge.sparse.evaluate import evaluate_sparse
 
 RETRIEVAL_METRICS: tuple[str, ...] = (
     "ndcg@10",
@@ -83,15 +81,14 @@ def evaluate_retrieval(
     """Metrics (0–100) of ``model`` on ``data``: cosine similarity, top-``max k`` documents per query.
 
     Only queries with qrels are searched and averaged. Returns the metrics plus ``queries`` and ``documents``.
-    A multi-vector (ColBERT) model is scored by MaxSim instead (``index``: ``exact`` or ``plaid``;
-    :mod:`embforge.multivector.evaluate`).
+    A kind that scores retrieval its own way names its ``retrieval`` evaluator in its record
+    (:attr:`embforge.kinds.KindRecord.evaluators`: MaxSim for a multi-vector model, ``index`` ``exact`` or
+    ``plaid``; an inverted index for a sparse one), which is called instead.
     """
-    if kind_of(model) == ModelKind.MULTIVECTOR:
-        return evaluate_multivector(model, data, metrics=metrics, batch_size=batch_size, index=index)
-
-    if kind_of(model) == ModelKind.SPARSE:  # SPLADE: dot products over an inverted index (embforge.sparse)
-        return evaluate_sparse(
-            model, data, metrics=metrics, batch_size=batch_size, show_progress=show_progress
+    own = kind_record(model).evaluator("retrieval")
+    if own is not None:
+        return own(
+            model, data, metrics=metrics, batch_size=batch_size, index=index, show_progress=show_progress
         )
     search = functools.partial(
         search_run,

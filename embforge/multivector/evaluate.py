@@ -81,8 +81,13 @@ def evaluate_multivector(
     index: str = "exact",
     candidates: Run | None = None,
     index_options: Mapping[str, object] | None = None,
+    show_progress: bool = False,
 ) -> dict[str, float]:
-    """Metrics (0–100) of a multi-vector model on ``data`` (queries with qrels only; none is an error)."""
+    """Metrics (0–100) of a multi-vector model on ``data`` (queries with qrels only; none is an error).
+
+    ``show_progress`` is accepted so every kind's retrieval evaluator takes the same options
+    (:attr:`embforge.kinds.KindRecord.evaluators`); MaxSim search shows no bar yet.
+    """
     search = functools.partial(
         multivector_run,
         model,

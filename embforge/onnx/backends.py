@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
-    from embforge.kinds import ModelKind
+    from embforge.kind_names import ModelKind
     from embforge.onnx.runtime import OnnxCrossEncoder
     from embforge.protocols import ModelPath
 
@@ -142,14 +142,15 @@ def load_embedder(
 
 
 def _other_kind(model: ModelPath) -> ModelKind | None:
-    """The declared kind of a model folder when it is not a dense bi-encoder, else ``None``."""
-    from embforge.kinds import ModelKind, folder_kind
+    """The declared kind of a model folder when its kind has no ONNX runtime (its record is not
+    ``exportable``: sparse, static, multi-vector), else ``None``."""
+    from embforge.kinds import folder_kind, kind_record
 
     try:
         kind = folder_kind(model)
     except (FileNotFoundError, ValueError):  # an .onnx file, an export folder: dense runtimes
         return None
-    return kind if kind not in (None, ModelKind.DENSE, ModelKind.CROSS) else None
+    return kind if kind is not None and not kind_record(kind).exportable else None
 
 
 SCORER_BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino")

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from embforge._optional import require
 from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
 from embforge.encoder import Encoder
-from embforge.kinds import ModelKind, folder_kind
+from embforge.kinds import folder_record
 from embforge.modeling.decoder import backbone_hidden
 from embforge.modeling.lora import merge_lora, uses_adapters
 from embforge.modeling.padding import pad_ids
@@ -243,23 +243,11 @@ def _save_calibration(out: Path, texts: Sequence[str], *, source: str) -> dict[s
 
 
 def _refuse_unexported_kinds(source: Path) -> None:
-    """A clear error for the model kinds without an ONNX export (sparse, static)."""
-    kind = folder_kind(source)
-    if kind == ModelKind.SPARSE:
-        raise ValueError(
-            f"{source} is a sparse (SPLADE) model: embforge has no ONNX export for sparse models yet; serve it "
-            "with 'embforge serve' (PyTorch), or export it with sentence-transformers' SparseEncoder(backend='onnx')"
-        )
-    if kind == ModelKind.MULTIVECTOR:
-        raise ValueError(
-            f"{source} is a multi-vector (ColBERT) model: embforge has no ONNX export for it yet; serve it with "
-            "'embforge serve' (PyTorch), or export it with pylate's own tools"
-        )
-    if kind == ModelKind.STATIC:
-        raise ValueError(
-            f"{source} is a static embedding model: there is no transformer to export (encoding is a token-table "
-            "lookup, already faster than an ONNX graph); serve or load the folder as it is"
-        )
+    """A clear error for a folder of a kind without an ONNX export (its record's ``no_export``: sparse,
+    multi-vector, static)."""
+    record = folder_record(source)
+    if not record.exportable:
+        raise ValueError(f"{source} is {record.no_export}")
 
 
 def _export_bi_encoder(

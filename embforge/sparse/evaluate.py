@@ -21,20 +21,28 @@ def evaluate_sparse(
     *,
     metrics: Sequence[str],
     batch_size: int = 64,
+    index: str = "exact",
     show_progress: bool = False,
 ) -> dict[str, float]:
     """Metrics (0–100) of a :class:`~embforge.sparse.model.SparseEncoder` on ``data`` by dot product over an
-    inverted index (:class:`~embforge.sparse.index.SparseIndex`); queries without qrels are skipped."""
+    inverted index (:class:`~embforge.sparse.index.SparseIndex`); queries without qrels are skipped.
+
+    ``index``: the index kind asked for; the inverted index is exact, so ``exact`` (or ``inverted``) only.
+    """
+    if index not in ("exact", "inverted"):
+        raise ValueError(
+            f"a sparse model is searched with an exact inverted index, not index kind {index!r}; ask for 'exact'"
+        )
     data = data.queries_with_qrels()
     if not data.query_ids:
         raise ValueError(f"retrieval data {data.name!r}: no query has relevance judgements")
     depth = run_depth(metrics)
     documents = model.encode_document(data.documents, batch_size=batch_size, show_progress=show_progress)
     queries = model.encode_query(data.query_texts, batch_size=batch_size)
-    index = SparseIndex(model.dim)
-    index.add(data.doc_ids, documents)
-    scores, positions = index.search(queries, k=depth)
-    ids = [[index.ids[p] for p in row] for row in positions.tolist()]
+    inverted = SparseIndex(model.dim)
+    inverted.add(data.doc_ids, documents)
+    scores, positions = inverted.search(queries, k=depth)
+    ids = [[inverted.ids[p] for p in row] for row in positions.tolist()]
     run = run_from_topk(data.query_ids, scores, ids)
     result = retrieval_result(
         run, data.qrels, metrics, queries=len(data.query_ids), documents=len(data.doc_ids)
