@@ -5,12 +5,11 @@ writes for a saved folder of that kind."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from embforge.training.report import read_json
 
 
-def sparse_card(root: Path) -> dict[str, Any]:
+def sparse_card(root: Path) -> dict[str, object]:
     """A sparse (SPLADE) folder's facts and usage."""
     name = root.resolve().name
     router = (root / "router_config.json").exists()
@@ -32,7 +31,7 @@ def sparse_card(root: Path) -> dict[str, Any]:
     return {"kind": "sparse encoder", "dim": dim, "table": table, "usage": usage}
 
 
-def multivector_card(root: Path) -> dict[str, Any]:
+def multivector_card(root: Path) -> dict[str, object]:
     """A multi-vector (ColBERT) folder's facts and usage."""
     name, st = root.resolve().name, read_json(root / "config_sentence_transformers.json")
     dense = read_json(root / "1_Dense" / "config.json")
@@ -53,7 +52,7 @@ def multivector_card(root: Path) -> dict[str, Any]:
     return {**facts, "usage": usage}
 
 
-def static_card(root: Path) -> dict[str, Any]:
+def static_card(root: Path) -> dict[str, object]:
     """A static embedding folder's facts and usage."""
     name, st = root.resolve().name, read_json(root / "config_sentence_transformers.json")
     hf = read_json(root / "config.json")
