@@ -19,13 +19,13 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from embforge.cross_encoder import CrossEncoder
     from embforge.kind_names import ModelKind
     from embforge.onnx.runtime import OnnxCrossEncoder
-    from embforge.protocols import ModelPath
+    from embforge.protocols import Kinded, ModelPath
 
 log = logging.getLogger("embforge.backends")
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
@@ -88,7 +88,7 @@ def load_embedder(
     calibration: Sequence[str] | None = None,
     cache: Path | None = None,
     streams: int = 1,
-) -> Any:
+) -> Kinded:
     """A bi-encoder on ``backend`` (one of :data:`BACKENDS`); ``calibration`` texts are needed for
     ``openvino-int8`` (its quantiser calibrates on them; the int8 graph is cached beside the export). ``streams``:
     inference streams of the OpenVINO backends (1: latency mode; several, or 0 for OpenVINO's choice: that many

@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from embforge._optional import require
 from embforge.serve.config import ServeConfig
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from embforge.protocols import Embedder
+    from embforge.protocols import Embedder, Kinded
     from embforge.serve.models import Reranker
 
 API_KEY_ENV = "EMBFORGE_API_KEY"
@@ -33,9 +33,11 @@ def load_encoder(
     threads: int | None = None,
     calibration: Sequence[str] | None = None,
     streams: int = 1,
-) -> Any:
+) -> Kinded:
     """A bi-encoder on ``backend`` (:func:`embforge.onnx.backends.load_embedder`: torch, onnx, onnx-int8,
-    openvino, openvino-int8, or auto, the fastest here); a model folder is exported on the fly (cached)."""
+    openvino, openvino-int8, or auto, the fastest here); a model folder is exported on the fly (cached). A folder
+    of another kind (sparse, static, multi-vector) loads as its PyTorch class: the server serves each model by the
+    kind it declares (:func:`embforge.serve.serving.serving_for`)."""
     from embforge.onnx.backends import load_embedder
 
     return load_embedder(model, backend=backend, threads=threads, calibration=calibration, streams=streams)
@@ -202,7 +204,12 @@ def _load_embedders(
         name: load_encoder(path, backend=backend, threads=threads, calibration=calibration, streams=streams)
         for name, path in names.items()
     }
-    ranges = {name: calibrated(e, calibration) for name, e in encoders.items()} if calibration else None
+    # calibration ranges are for dense vectors (another kind's serving record refuses them)
+    ranges = (
+        {name: calibrated(cast("Embedder", e), calibration) for name, e in encoders.items()}
+        if calibration
+        else None
+    )
     first, encoder = next(iter(encoders.items()))
     if isinstance(model, str):
         encoders = {cfg.model_name: encoder}
