@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from embforge.kinds import ModelKind
+from embforge.kind_names import ModelKind
 from embforge.modeling.padding import sort_by_length
 from embforge.modeling.tokenizing import PromptTokenizing
 from embforge.progress import progress_bar, progress_enabled

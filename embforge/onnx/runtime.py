@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from embforge._optional import require
-from embforge.kinds import ModelKind
+from embforge.kind_names import ModelKind
 from embforge.modeling.encoding import BatchEncoding
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from embforge.kinds import ModelKind
+from embforge.kind_names import ModelKind
 from embforge.modeling import st_folder
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.module import SavedModule
