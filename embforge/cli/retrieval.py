@@ -231,9 +231,7 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
         raise ValueError(
             f"{args.model} is {record.description}: retrieval evaluation needs an embedding model"
         )
-    model = sharded(
-        cast("BatchEmbedder", loaded)
-    )  # single-vector kinds batch (BatchEncoding); torchrun: shares
+    model = sharded(cast("BatchEmbedder", loaded))  # a single-vector kind batches; torchrun: shares
     result = evaluate_retrieval(
         model,
         data,
