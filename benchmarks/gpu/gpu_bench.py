@@ -216,10 +216,13 @@ def fill(run: Run, side: str, folder: Any, name: str) -> dict:
         if run.past_deadline():
             break
         try:
-            return {"model": name, **train_row(run, side, folder, batch, 0, run.knobs.mfu_steps)}
-        except torch.OutOfMemoryError:
-            run.free()
+            row = train_row(run, side, folder, batch, 0, run.knobs.mfu_steps)
+            return {"model": name, **row, "larger batches": ", ".join(errors) or "none tried"}
+        except (torch.OutOfMemoryError, RuntimeError) as error:  # cuBLAS may say ALLOC_FAILED instead
+            if not isinstance(error, torch.OutOfMemoryError) and "ALLOC" not in str(error):
+                raise
             errors.append(f"{batch}: out of memory")
+        run.free()  # after the except block: its traceback no longer holds the step's tensors
     return {"model": name, "library": side, "error": "; ".join(errors) or "skipped: budget spent"}
 
 

@@ -57,7 +57,7 @@ class Knobs:
     mini: int = 128  # texts per cached mini-batch
     max_seq: int = 256
     parity_pairs: int = 64
-    mfu_batches: tuple[int, ...] = (1024, 512, 256, 128, 64)  # tried largest first until one fits
+    mfu_batches: tuple[int, ...] = (2048, 1024, 512, 256, 128, 64)  # tried largest first until one fits
     mfu_steps: int = 4
     encode_texts: int = 10_000
     encode_batch: int = 128

@@ -131,6 +131,7 @@ def train_row(
         timing = measure(run, step, steps)
     flops = sum(step_flops(backbone, lengths(i)) for i in range(1, steps + 1)) / steps
     rate = flops / timing["s/step"]
+    print(f"  {side}: batch {batch}, mini-batch {mini}: {batch / timing['s/step']:.1f} pairs/s", flush=True)
     attention = getattr(backbone.config, "_attn_implementation", None) or "-"
     return {
         "library": side,
@@ -154,8 +155,9 @@ def guarded_row(run: Run, fn: Callable[[], dict], **keys: Any) -> dict:
     try:
         return fn()
     except Exception as error:
-        run.free()
-        return {**keys, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+        row = {**keys, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+    run.free()  # after the except block: its traceback no longer holds the step's tensors
+    return row
 
 
 def ratio_row(rows: list[dict], **keys: Any) -> dict:
