@@ -157,7 +157,7 @@ def correctness(run: Run) -> dict[str, Any]:
     return {
         "attention": attention_path(run),
         "rows": checks,
-        "note": "rel = |a - b| / |b|; grad rel: all gradients as one vector; bf16 rows' tolerance: "
+        "note": "rel = abs(a - b) / abs(b); grad rel: all gradients as one vector; bf16 rows' tolerance: "
         f"{BF16_TOL} or twice bf16's own error (first row), whichever is larger",
     }
 
