@@ -37,6 +37,7 @@ import numpy as np
 
 from embforge.cross_encoder import CrossEncoder
 from embforge.data.tables import Dataset
+from embforge.kinds import is_pair_scorer
 from embforge.retrieval.corpus_cache import encode_corpus, model_fingerprint
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def score_rows(
         raise ValueError(f"{data.path}: scoring needs two or more text columns, found {columns}")
     first = data.columns[columns[0]]
     others = [data.columns[c] for c in columns[1:]]
-    if isinstance(teacher, CrossEncoder):  # pair scores (a declared class, not a guess from its methods)
+    if is_pair_scorer(teacher):  # pair scores (the kind the teacher declares)
         pairs = [(q, c) for col in others for q, c in zip(first, col)]
         flat = np.asarray(
             teacher.predict(pairs, batch_size=batch_size, activation=False, show_progress=show_progress),
