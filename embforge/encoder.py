@@ -22,7 +22,8 @@ from embforge.modeling.dropout import mix, text_keys
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.lora import adapter_note, has_adapter, load_adapter, save_backbone, uses_adapters
 from embforge.modeling.module import TextModule
-from embforge.modeling.packing import pack, packed_hidden, pool_packed, supports_packing
+from embforge.modeling.packed_batch import pack
+from embforge.modeling.packing import packed_hidden, pool_packed, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, token_chunks
 from embforge.modeling.pooling import POOLING_MODES, pool, st_config_for_mode
 from embforge.modeling.resolve import default_max_seq_length, load_backbone, resolve_model_path

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from embforge.modeling.decoder import base_model
-from embforge.modeling.packing import PackedBatch, flash_varlen, from_blocks, group_rows, to_blocks
+from embforge.modeling.packed_batch import PackedBatch, flash_varlen, from_blocks, group_rows, to_blocks
 
 _PACKABLE = frozenset({"Qwen2Model", "Qwen3Model", "LlamaModel", "MistralModel"})
 

@@ -36,7 +36,8 @@ from embforge.kinds import ModelKind
 from embforge.modeling.dense import Dense
 from embforge.modeling.dropout import text_keys
 from embforge.modeling.module import TextModule
-from embforge.modeling.packing import PackedBatch, pack, packed_hidden, supports_packing
+from embforge.modeling.packed_batch import PackedBatch, pack
+from embforge.modeling.packing import packed_hidden, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
 from embforge.multivector.folder import ColBERTParts, ColBERTSettings, read_multivector, save_multivector

@@ -15,7 +15,8 @@ from embforge.encoder import Encoder
 from embforge.modeling import decoder_packing
 from embforge.modeling.decoder import eos_to_append, instruct_prompt, is_decoder_backbone
 from embforge.modeling.decoder_packing import packed_decoder_hidden, supports_decoder_packing
-from embforge.modeling.packing import pack, supports_packing
+from embforge.modeling.packed_batch import pack
+from embforge.modeling.packing import supports_packing
 from embforge.modeling.padding import pad_ids
 from embforge.modeling.pooling import pool
 from tests.decoder_models import make_decoder_encoder, make_decoder_tokenizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from embforge.modeling.packed_batch import pack
 from embforge.modeling.packing import (
-    pack,
     packed_hidden,
     pool_packed,
     supports_packed_classifier,
