@@ -51,6 +51,8 @@ from embforge.retrieval.corpus_cache import (
     model_fingerprint,
     unit_rows,
 )
+from embforge.retrieval.mined_rows import mined_rows, mining_queries
+from embforge.retrieval.negatives import filtered, pick_hard, random_negatives
 from embforge.retrieval.search import CorpusSearch, embed, rescore
 
 if TYPE_CHECKING:
@@ -233,15 +235,25 @@ def _mine_block(
         stats["rescored"] = int(valid.sum())
     ref = np.full(n_q, np.inf, dtype=np.float64)
     np.minimum.at(ref, pos_q, pos_scores.astype(np.float64))
-    valid &= ~_filtered(scores, valid, ref[:, None], config, stats)
-    hard = _pick_hard(valid, config, block.seed)
+    valid &= ~filtered(
+        scores,
+        valid,
+        ref[:, None],
+        stats,
+        relative_margin=config.relative_margin,
+        absolute_margin=config.absolute_margin,
+        max_score=config.max_score,
+    )
+    hard = pick_hard(
+        valid, config.num_hard, skip_top=config.skip_top, sampling=config.sampling, seed=block.seed
+    )
     negatives = np.take_along_axis(cand, np.maximum(hard, 0), axis=1)
     neg_scores = np.take_along_axis(scores, np.maximum(hard, 0), axis=1).astype(np.float32)
     negatives[hard < 0] = -1
     neg_scores[hard < 0] = -np.inf
     n_random = config.num_negatives - config.num_hard
     if n_random:
-        rand = _random_negatives(negatives, pos_keys, n_docs, n_random, block.seed)
+        rand = random_negatives(negatives, pos_keys, n_docs, n_random, block.seed)
         negatives = np.concatenate([negatives, rand], axis=1)
         neg_scores = np.concatenate(
             [neg_scores, _random_scores(rand, block, search, rescorer, config)], axis=1
@@ -263,70 +275,6 @@ def _random_scores(
     if pairs:
         scores[rows, cols] = rescorer.predict(pairs, batch_size=config.batch_size)
     return scores
-
-
-def _filtered(
-    scores: np.ndarray, valid: np.ndarray, ref: np.ndarray, config: MiningConfig, stats: dict[str, int]
-) -> np.ndarray:
-    """Mask of the valid candidates that a margin or ``max_score`` drops; ``ref (q, 1)``: lowest positive score.
-
-    ``scores`` come from whichever scorer ranked the candidates (retriever or cross-encoder); drops are counted
-    in ``stats`` per filter, in order (a candidate is counted by the first filter that drops it).
-    """
-    drop = np.zeros_like(valid)
-    for name, threshold in (
-        (
-            "relative_margin",
-            None if config.relative_margin is None else ref - np.abs(ref) * config.relative_margin,
-        ),
-        ("absolute_margin", None if config.absolute_margin is None else ref - config.absolute_margin),
-        ("max_score", config.max_score),
-    ):
-        if threshold is None:
-            continue
-        new = valid & ~drop & (scores > threshold)
-        stats[f"skipped_{name}"] = int(new.sum())
-        drop |= new
-    return drop
-
-
-def _pick_hard(valid: np.ndarray, config: MiningConfig, seed: int) -> np.ndarray:
-    """Column positions of the chosen hard candidates per row (rank order), -1 where too few survive."""
-    n_hard = config.num_hard
-    if n_hard == 0:
-        return np.empty((len(valid), 0), dtype=np.int64)
-    usable = valid & (np.cumsum(valid, axis=1) > config.skip_top)
-    if config.sampling == "random":
-        rng = np.random.default_rng(seed)
-        keys = np.where(usable, rng.random(usable.shape), np.inf)
-        chosen = np.argsort(keys, axis=1, kind="stable")[:, :n_hard]
-        ok = np.take_along_axis(usable, chosen, axis=1)
-        chosen = np.sort(np.where(ok, chosen, np.iinfo(np.int64).max), axis=1)
-        return np.where(chosen == np.iinfo(np.int64).max, -1, chosen)
-    order = np.argsort(~usable, axis=1, kind="stable")[:, :n_hard]
-    ok = np.take_along_axis(usable, order, axis=1)
-    return np.where(ok, order, -1)
-
-
-def _random_negatives(chosen: np.ndarray, pos_keys: np.ndarray, n_docs: int, n: int, seed: int) -> np.ndarray:
-    """``n`` uniform corpus positions per row, never a known positive nor an already chosen negative."""
-    rng = np.random.default_rng(seed + 1)
-    n_q = len(chosen)
-    draws = rng.integers(0, n_docs, size=(n_q, 4 * n + 8))
-    bad = np.isin(np.arange(n_q)[:, None] * n_docs + draws, pos_keys)
-    bad |= (draws[:, :, None] == chosen[:, None, :]).any(axis=2)
-    # a repeated draw within the row is also bad: keep the first occurrence only
-    sorted_idx = np.argsort(draws, axis=1, kind="stable")
-    sorted_draws = np.take_along_axis(draws, sorted_idx, axis=1)
-    repeat = np.zeros_like(bad)
-    repeat_sorted = np.concatenate(
-        [np.zeros((n_q, 1), bool), sorted_draws[:, 1:] == sorted_draws[:, :-1]], axis=1
-    )
-    np.put_along_axis(repeat, sorted_idx, repeat_sorted, axis=1)
-    bad |= repeat
-    order = np.argsort(bad, axis=1, kind="stable")[:, :n]
-    picked = np.take_along_axis(draws, order, axis=1)
-    return np.where(np.take_along_axis(bad, order, axis=1), -1, picked)
 
 
 def _cached_corpus(
@@ -372,7 +320,7 @@ def mine(
             vector index is then built from the shards (:mod:`embforge.retrieval.search`): with
             ``config.index`` ``ivfpq`` or ``pq`` the corpus's float matrix is never in memory.
     """
-    docs, doc_ids, query_texts, positives = _mining_queries(data, corpus)
+    docs, doc_ids, query_texts, positives = mining_queries(data, corpus)
     if not query_texts:
         raise ValueError("mining: no query has a relevant document")
     if corpus_cache is not None and doc_emb is None and config.method != "bm25":
@@ -383,69 +331,12 @@ def mine(
         query_texts, positives, docs, config, model=model, query_emb=query_emb, doc_emb=doc_emb,
         rescorer=rescorer,
     )  # fmt: skip
-    return _mined_rows(mined, query_texts, positives, docs, config, scored=rescorer is not None)
-
-
-def _mining_queries(
-    data: RetrievalData | Dataset, corpus: list[str] | None
-) -> tuple[list[str], list[str], list[str], list[list[int]]]:
-    """``(documents, their ids, query texts, each query's positive positions)`` of a :func:`mine` input."""
-    if isinstance(data, RetrievalData):
-        position = {d: i for i, d in enumerate(data.doc_ids)}
-        queries = [(q, t) for q, t in zip(data.query_ids, data.query_texts) if data.qrels.get(q)]
-        positives = [[position[d] for d, g in data.qrels[q].items() if g > 0] for q, _ in queries]
-        keep = [i for i, p in enumerate(positives) if p]
-        return data.documents, data.doc_ids, [queries[i][1] for i in keep], [positives[i] for i in keep]
-    data.require(["anchor", "positive"], purpose="hard-negative mining")
-    anchors, pos_texts = data.columns["anchor"], data.columns["positive"]
-    docs = list(dict.fromkeys([*(corpus or []), *pos_texts]))
-    where = {t: i for i, t in enumerate(docs)}
-    grouped: dict[str, list[int]] = {}
-    for a, p in zip(anchors, pos_texts):
-        group = grouped.setdefault(a, [])
-        if where[p] not in group:
-            group.append(where[p])
-    return docs, [str(i) for i in range(len(docs))], list(grouped), list(grouped.values())
-
-
-def _mined_rows(
-    mined: Mined,
-    query_texts: list[str],
-    positives: list[list[int]],
-    docs: list[str],
-    config: MiningConfig,
-    *,
-    scored: bool,
-) -> Dataset:
-    """One ``anchor, positive, negative_1..n`` row per (query, positive) of the queries that got every negative;
-    with ``scored`` (a rescorer) also ``score``: ``[s(q, positive), s(q, negative_1), ...]``, the teacher signal
-    for margin_mse / kl_distill (the list ``embforge score`` writes)."""
-    anchors_out: list[str] = []
-    pos_out: list[str] = []
-    neg_cols: list[list[str]] = [[] for _ in range(config.num_negatives)]
-    scores_out: list[list[float]] = []
-    dropped = 0
-    # where each query's positives start in mined.positive_scores (the queries' positives, in order)
-    starts = np.cumsum([0, *(len(p) for p in positives)])
-    for qi, (text, pos) in enumerate(zip(query_texts, positives)):
-        row = mined.negatives[qi]
-        if (row < 0).any():
-            dropped += len(pos)
-            continue
-        for k, p in enumerate(pos):
-            anchors_out.append(text)
-            pos_out.append(docs[p])
-            for j, neg in enumerate(row):
-                neg_cols[j].append(docs[neg])
-            if scored:
-                positive = float(mined.positive_scores[starts[qi] + k])
-                scores_out.append([positive, *mined.scores[qi].astype(float).tolist()])
-    config.stats = {**mined.stats, "rows": len(anchors_out), "rows_dropped": dropped}
-    columns: dict[str, list] = {"anchor": anchors_out, "positive": pos_out}
-    columns.update({f"negative_{j + 1}": col for j, col in enumerate(neg_cols)})
-    if scored:
-        columns["score"] = scores_out
-    return Dataset("mined", columns, list(range(1, len(anchors_out) + 1)))
+    rows, dropped = mined_rows(
+        mined.negatives, mined.scores, mined.positive_scores, query_texts, positives, docs,
+        scored=rescorer is not None,
+    )  # fmt: skip
+    config.stats = {**mined.stats, "rows": len(rows), "rows_dropped": dropped}
+    return rows
 
 
 def write_jsonl(data: Dataset, path: str | os.PathLike) -> Path:
