@@ -33,6 +33,7 @@ from embforge._optional import require
 from embforge.data.texts import is_blank
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
+from embforge.serve.documents import DuplicateIdError
 from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_value, validation_message
 from embforge.serve.models import ModelSet, Reranker, ServedEmbedder, ServedModel, pair_costs
 from embforge.serve.prometheus import Metrics
@@ -45,7 +46,6 @@ from embforge.serve.requests import (
     SimilarityRequest,
 )
 from embforge.serve.serving import SearchStore
-from embforge.serve.store import DuplicateIdError
 
 require("fastapi")
 orjson = require("orjson")

@@ -1,4 +1,5 @@
-"""The document store's SQLite database: its schema, its connections, and opening a store folder with its checks.
+"""The document store's SQLite database: its schema, its connections, and opening a store folder with its checks
+(the model that opens it is the one that built it: :func:`model_identity`).
 
 SQLite does the durability (:mod:`embforge.serve.store` describes the folder): WAL mode, one transaction per add,
 ``synchronous=FULL`` so a commit is on disk before the add is acknowledged. This module knows the tables; the store
@@ -12,13 +13,16 @@ import logging
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embforge.retrieval.index.registry import check_kind, create_index
 from embforge.serve.migrate import is_format2, read_format2, remove_format2
 from embforge.serve.vectors import STORAGE_DIR
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 DB_FILE = "documents.sqlite"
 FORMAT = 3  # PRAGMA user_version; 2 was store.json + snapshots + a home-made log, 1 documents.jsonl + index/
@@ -33,6 +37,21 @@ log = logging.getLogger("embforge.store")
 
 class ModelMismatchError(ValueError):
     """The store was built by another model than the one opening it."""
+
+
+def model_identity(model: Embedder, name: str) -> dict[str, object]:
+    """``{"name", "fingerprint"}`` of an encoder: a hash of its weights (:func:`model_fingerprint`), or for an ONNX
+    export the fingerprint of the model it was exported from (recorded by ``embforge export onnx``)."""
+    from torch import nn
+
+    fingerprint = None
+    if isinstance(model, nn.Module):  # a PyTorch model: its own weights
+        from embforge.retrieval.corpus_cache import model_fingerprint
+
+        fingerprint = model_fingerprint(model)
+    else:
+        fingerprint = (getattr(model, "meta", None) or {}).get("fingerprint")
+    return {"name": str(name), "fingerprint": fingerprint}
 
 
 def to_json(obj: object) -> str:

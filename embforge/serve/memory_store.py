@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 
-from embforge.serve.store import DuplicateIdError, Hit, StoredDocument, document_row
+from embforge.serve.documents import DuplicateIdError, Hit, StoredDocument, document_row, taken
 
 
 class KindIndex(Protocol):
@@ -46,17 +46,6 @@ class KindIndex(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def taken(ids: Sequence[str], stored: Collection[str]) -> list[int]:
-    """Positions of ``ids`` that are in ``stored`` or repeat an earlier one of ``ids``."""
-    seen: set[str] = set()
-    out = []
-    for position, key in enumerate(ids):
-        if key in stored or key in seen:
-            out.append(position)
-        seen.add(key)
-    return out
 
 
 class MemoryStore:

@@ -108,7 +108,8 @@ def serve(
     """
     uvicorn = require("uvicorn")
     from embforge.serve.app import create_app
-    from embforge.serve.store import DocumentStore, model_identity
+    from embforge.serve.database import model_identity
+    from embforge.serve.store import DocumentStore
 
     # requests are tokenised on the event loop, a few texts at a time, while the model's threads hold the cores:
     # the tokenizers library's thread pool only adds hand-offs there (16 clients: +12-15 % texts/s without it)

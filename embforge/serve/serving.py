@@ -23,8 +23,8 @@ import numpy as np
 from embforge.kinds import kind_record
 
 if TYPE_CHECKING:
+    from embforge.serve.documents import Hit
     from embforge.serve.requests import InputType
-    from embforge.serve.store import Hit
 
 Items = list[list[int]]  # a request's batch items: token ids, one list per text
 BatchFn = Callable[[Items], np.ndarray]
@@ -41,7 +41,7 @@ class SearchStore(Protocol):
 
     def add(self, documents: Sequence[Mapping[str, object]], vectors: np.ndarray) -> None:
         """Add documents (``id``, ``text``, ``fields``) with their rows; raises
-        :class:`~embforge.serve.store.DuplicateIdError` for a stored or repeated id, checked atomically with the
+        :class:`~embforge.serve.documents.DuplicateIdError` for a stored or repeated id, checked atomically with the
         write (of concurrent adds of one id exactly one succeeds)."""
         ...
 

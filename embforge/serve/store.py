@@ -26,7 +26,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,93 +36,27 @@ from embforge.serve.database import (
     SqliteRows,
     connect,
     is_store,
+    model_identity,
     open_folder,
     read_meta,
-    to_json,
     write_meta,
+)
+from embforge.serve.documents import (
+    DuplicateIdError,
+    Hit,
+    StoredDocument,
+    document_row,
+    taken,
+    unit_vectors,
 )
 from embforge.serve.vectors import StoreIndex, load_vectors, save_index
 
 if TYPE_CHECKING:
-    from embforge.protocols import Embedder
+    pass
 
 __all__ = ["DocumentStore", "DuplicateIdError", "ModelMismatchError", "model_identity"]
 
 log = logging.getLogger("embforge.store")
-
-
-class DuplicateIdError(ValueError):
-    """An added id is already stored (or repeated in the same add); ``position`` is its place in the add."""
-
-    def __init__(self, position: int, key: str) -> None:
-        super().__init__(f"document id {key!r} (position {position}) is already in the index")
-        self.position = position
-        self.key = key
-
-
-class StoredDocument(TypedDict):
-    """A stored document as it is read back: its text and its JSON fields."""
-
-    text: str
-    fields: dict[str, object]
-
-
-class _Hit(TypedDict):
-    id: str
-    score: float
-    fields: dict[str, object]
-
-
-class Hit(_Hit, total=False):
-    """One search result: the document's id, score and fields (and its text when asked for)."""
-
-    text: str
-
-
-def model_identity(model: Embedder, name: str) -> dict[str, object]:
-    """``{"name", "fingerprint"}`` of an encoder: a hash of its weights (:func:`model_fingerprint`), or for an ONNX
-    export the fingerprint of the model it was exported from (recorded by ``embforge export onnx``)."""
-    from torch import nn
-
-    fingerprint = None
-    if isinstance(model, nn.Module):  # a PyTorch model: its own weights
-        from embforge.retrieval.corpus_cache import model_fingerprint
-
-        fingerprint = model_fingerprint(model)
-    else:
-        fingerprint = (getattr(model, "meta", None) or {}).get("fingerprint")
-    return {"name": str(name), "fingerprint": fingerprint}
-
-
-def _unit(x: np.ndarray, dim: int, n: int) -> np.ndarray:
-    array = np.asarray(x, dtype=np.float32)
-    if array.shape != (n, dim):
-        raise ValueError(f"expected vectors of shape ({n}, {dim}), got {tuple(array.shape)}")
-    if not np.isfinite(array).all():
-        raise ValueError("the vectors contain NaN or infinity")
-    return array / np.maximum(np.linalg.norm(array, axis=-1, keepdims=True), 1e-12)
-
-
-def document_row(position: int, doc: Mapping[str, object]) -> tuple[str, str, str]:
-    """``(id, text, fields JSON)`` of one added document, or a ``ValueError`` saying why it cannot be stored."""
-    key, text, fields = doc.get("id"), doc.get("text"), doc.get("fields") or {}
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"document {position}: 'id' must be a non-empty string, got {key!r}")
-    if not isinstance(text, str):
-        raise ValueError(f"document {position}: 'text' must be a string, got {type(text).__name__}")
-    if not isinstance(fields, dict):
-        raise ValueError(f"document {position}: 'fields' must be an object, got {type(fields).__name__}")
-    for name, value in (("id", key), ("text", text)):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise ValueError(
-                f"document {position}: its {name} cannot be stored: not valid Unicode ({err.reason} at {err.start})"
-            ) from None
-    try:
-        return key, text, to_json(fields)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"document {position}: a field cannot be stored: {err}") from err
 
 
 class Documents(Mapping[str, StoredDocument]):
@@ -313,13 +247,7 @@ class DocumentStore:
             part = unique[start : start + 500]
             marks = ",".join("?" * len(part))
             found.update(key for (key,) in read(f"SELECT id FROM documents WHERE id IN ({marks})", part))
-        seen: set[str] = set()
-        out = []
-        for pos, key in enumerate(ids):
-            if key in found or key in seen:
-                out.append(pos)
-            seen.add(key)
-        return out
+        return taken(ids, found)
 
     def duplicates(self, ids: Sequence[str]) -> list[int]:
         """Positions of ids that are already stored or repeated within ``ids``."""
@@ -346,7 +274,7 @@ class DocumentStore:
         if self._writer is None:
             raise ValueError(f"{self.folder}: the store was opened read-only")
         rows = [document_row(i, d) for i, d in enumerate(documents)]
-        unit = _unit(vectors, self.dim, len(rows))
+        unit = unit_vectors(vectors, self.dim, len(rows))
         ids = [row[0] for row in rows]
         with self._write_lock, self._shared():
             dup = self._present(ids, self._writer.execute)
