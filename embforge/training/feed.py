@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from embforge.data.identity import identity
 from embforge.data.sources import plan_window, row_count, source_files, window_counter
+from embforge.training.batches import TextKeys, uses_in_batch_negatives
 from embforge.training.config import TrainConfig
-from embforge.training.sampling import PlannedBatch, TaskPlan, TextKeys, uses_in_batch_negatives
+from embforge.training.sampling import PlannedBatch, TaskPlan
 from embforge.training.state import Progress
 from embforge.training.tasks import PreparedTask, Task, TokenLengths, prepare
 

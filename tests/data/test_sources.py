@@ -16,12 +16,13 @@ from embforge.data.sources import SourceOptions, StreamSource, hub_rows, open_so
 from embforge.data.tables import DataError, Dataset
 from embforge.encoder import Encoder
 from embforge.losses import get_loss
+from embforge.training.batches import TextKeys
 from embforge.training.checkpoints import CheckpointError
 from embforge.training.config import TrainConfig
 from embforge.training.distributed import rank_rows
 from embforge.training.loop import train
 from embforge.training.run import RunSpec, build_tasks
-from embforge.training.sampling import TaskPlan, TextKeys, epoch_plan
+from embforge.training.sampling import TaskPlan, epoch_plan
 from embforge.training.state import Progress
 from embforge.training.tasks import Task, prepare
 from tests.conftest import WORDS as VOCABULARY

@@ -12,13 +12,8 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from embforge.losses import CoSENTLoss, InfoNCELoss, MatryoshkaLoss, SimCSELoss
-from embforge.training.sampling import (
-    TaskPlan,
-    epoch_plan,
-    row_texts,
-    task_probabilities,
-    uses_in_batch_negatives,
-)
+from embforge.training.batches import row_texts, uses_in_batch_negatives
+from embforge.training.sampling import TaskPlan, epoch_plan, task_probabilities
 from embforge.training.state import Progress
 
 SIZES = [100, 400, 1600]
