@@ -7,7 +7,7 @@ matrix directly. Only attention needs to know where texts start:
 
 - on CUDA, in fp16/bf16, with ``flash-attn`` installed: ``flash_attn_varlen_func`` over the packed tokens
   (``cu_seqlens``, causal) — no padding at all;
-- otherwise: texts of similar length (:func:`~embforge.modeling.packing.pack`'s plan, at most ``max_tokens``
+- otherwise: texts of similar length (:func:`~embforge.modeling.packed_batch.pack`'s plan, at most ``max_tokens``
   padded tokens per block) are copied into right-padded ``(texts, heads, width, head_dim)`` blocks and attend
   through ``scaled_dot_product_attention(is_causal=True)``. Right padding under a causal mask needs no key mask:
   a real token at position ``i`` sees keys ``0..i``, all of them its own text's; padding rows are dropped.
@@ -53,7 +53,7 @@ def packed_decoder_hidden(
     seed: int | None = None,
     checkpoint_layers: bool = False,
 ) -> Tensor:
-    """Last hidden states ``(tokens, hidden)`` of a decoder for a :class:`~embforge.modeling.packing.PackedBatch`.
+    """Last hidden states ``(tokens, hidden)`` of a decoder for a :class:`~embforge.modeling.packed_batch.PackedBatch`.
 
     ``last_tokens_only=True`` returns each text's last token only (``(texts, hidden)``, packed order): what
     last-token pooling reads (the final norm then runs on those rows only). ``seed`` (training): run under
