@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,7 +28,7 @@ from embforge.modeling.resolve import default_max_seq_length, hf_quiet, resolve_
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from embforge.protocols import ModelPath
 
@@ -62,8 +62,7 @@ class SparseParts:
     @property
     def dim(self) -> int:
         """The vocabulary size (the length of every vector)."""
-        config: Any = self.backbone.config  # a Hugging Face config
-        return int(config.vocab_size)
+        return int(cast("PretrainedConfig", self.backbone.config).vocab_size)
 
 
 class _Layout(TypedDict):
