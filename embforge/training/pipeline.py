@@ -54,12 +54,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embforge.data.builtin import DATASETS, load_builtin
-from embforge.data.retrieval import training_pairs
+from embforge.data.retrieval import size_of, training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.distill import targets
 from embforge.distill.lists import candidate_lists
 from embforge.kinds import ModelKind, kind_of
 from embforge.losses.base import BaseLoss
+from embforge.progress import phase
 from embforge.training.artifacts import OutputInUse, claim_output, link_identical
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.distributed import barrier, init_from_env, is_main
@@ -143,7 +144,8 @@ def _task_data(spec: TaskSpec, pipeline: Pipeline, where: str) -> tuple[Any, Dat
     problem = targets.check_teacher_task(spec.loss, spec.teacher, spec.lists, where)
     if problem:
         raise PipelineError(problem)
-    source = _load_source(spec, pipeline, where)
+    with phase(f"train: {where}: reading {spec.data} ..."):
+        source = _load_source(spec, pipeline, where)
     data = _as_training_rows(source)
     if spec.lists is not None:
         try:
@@ -285,8 +287,11 @@ def _mined(spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path
     cached = workdir / f"mined-{spec.name}.jsonl"
     if cached.exists():
         return read_table(cached)
+    rows, n = (source if spec.limit is None else data), config.num_negatives
+    how = f"{n} {'BM25' if config.method == 'bm25' else config.method} negative{'s' * (n != 1)} per query"
     # torchrun: every process encodes a share of the texts and gets the same rows; rank 0 writes them
-    mined = mine(sharded(model), source if spec.limit is None else data, config)
+    with phase(f"train: {where}: mining {how} ({size_of(rows)}) ..."):
+        mined = mine(sharded(model), rows, config)
     if is_main():
         workdir.mkdir(parents=True, exist_ok=True)
         write_jsonl(mined, cached.with_suffix(".tmp"))
@@ -347,6 +352,7 @@ def run_pipeline(
     from embforge.encoder import Encoder
 
     named = {"seed": seed, "device": device, "quiet": quiet, "allow_data_change": allow_data_change}
+    named = {key: value for key, value in named.items() if value is not None}
     pipeline, overridden = with_overrides(pipeline, {**(overrides or {}), **named})
     pipeline = dataclasses.replace(pipeline, output=pipeline.output if output is None else output)
     if overridden and not pipeline.stages[0].config.quiet:

@@ -43,14 +43,20 @@ def _settings(folder: Path) -> dict[str, str]:
 
 def test_training_flags_override_every_stage_and_are_reported(tmp_path, tiny_model_dir, capsys):
     path, out = two_stages(tmp_path, tiny_model_dir), tmp_path / "out"
-    flags = ["--lr", "0.5", "--batch-size", "3", "--max-steps", "2", "--warmup-ratio", "0"]
+    flags = ["--lr", "0.5", "--batch-size", "3", "--max-steps", "2", "--warmup-ratio", "0", "--seed", "5"]
     assert main(["train", str(path), "--output", str(out), *flags]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["overridden"] == {"lr": 0.5, "batch_size": 3, "max_steps": 2, "warmup_ratio": 0.0}
+    overridden = {"lr": 0.5, "batch_size": 3, "max_steps": 2, "warmup_ratio": 0.0, "seed": 5}
+    assert result["overridden"] == overridden
     assert [s["steps"] for s in result["stages"]] == [2, 2]
     for stage in ("stage-1-one", "stage-2-two"):
         settings = _settings(out / stage)
-        assert (settings["lr"], settings["batch_size"], settings["max_steps"]) == ("0.5", "3", "2")
+        assert (settings["lr"], settings["batch_size"], settings["max_steps"], settings["seed"]) == (
+            "0.5",
+            "3",
+            "2",
+            "5",
+        )
 
 
 @pytest.mark.parametrize(
