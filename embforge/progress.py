@@ -5,6 +5,11 @@ Library functions take ``show_progress: bool | None``; ``None`` means "decide fo
 shown for long inputs on a terminal only, so library calls from scripts and tests stay silent. ``--quiet``
 (``progress_bars(False)``) silences every bar, even those a caller asked for explicitly.
 
+A phase that may take long and has no bar of its own (mining negatives, reading a large file, a quiet training
+loop) runs inside :func:`phase`: if it takes longer than ``PHASE_DELAY`` seconds it says what it does in one line
+on stderr, even in a quiet run — quiet silences bars and per-step output, not the line that says why a run is
+busy for minutes. Quick phases print nothing, as quick bars do.
+
 Example:
     >>> with progress_bars(False):
     ...     progress_enabled(True)
@@ -16,7 +21,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from typing import TypeVar
@@ -28,6 +35,7 @@ T = TypeVar("T")
 _SETTING: ContextVar[bool | None] = ContextVar("embforge_progress", default=None)
 AUTO_MIN_STEPS = 20  # outside a command, inputs of more batches than this get a bar (on a terminal)
 BAR_DELAY = 1.0  # seconds before a bar appears: quick calls print nothing
+PHASE_DELAY = 3.0  # seconds a phase runs before it says what it does: quick ones print nothing
 
 
 @contextlib.contextmanager
@@ -78,3 +86,29 @@ def progress_bar(
         leave=None,
         dynamic_ncols=True,
     )
+
+
+@contextlib.contextmanager
+def phase(text: str, *, enabled: bool = True) -> Iterator[None]:
+    """Print ``text`` (one line, to stderr) if the block is still running after ``PHASE_DELAY`` seconds, quiet
+    or not; nothing when it ends sooner, when not ``enabled``, or on a torchrun rank other than 0."""
+    if not enabled or os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    if PHASE_DELAY <= 0:  # say it at once (tests)
+        say(text)
+        yield
+        return
+    timer = threading.Timer(PHASE_DELAY, say, args=(text,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def say(text: str) -> None:
+    """One line on stderr, above any bar being drawn."""
+    tqdm.write(text, file=sys.stderr)
+    sys.stderr.flush()

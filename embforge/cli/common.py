@@ -8,11 +8,14 @@ import dataclasses
 import inspect
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, TypeVar
 
-from embforge.cli.values import data_path, positive_int
+from embforge.cli.values import data_path, non_negative_int, positive_int
 from embforge.modeling.precision import AMP_SETTINGS
 from embforge.modeling.resolve import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from embforge.data.retrieval import RetrievalData
 
 T = TypeVar("T")
 
@@ -223,3 +226,34 @@ def add_index_kind_arg(
         parser.add_argument(
             old, dest="index_kind", action=DeprecatedFlag, new="--index-kind", help=argparse.SUPPRESS
         )
+
+
+def add_subset_args(parser: argparse.ArgumentParser) -> None:
+    """``--max-queries`` and ``--max-corpus``: a quick look at a retrieval set (``eval retrieval``, ``mine``)."""
+    parser.add_argument(
+        "--max-queries", type=positive_int, help="a quick look: the first N queries with qrels (default: all)"
+    )
+    parser.add_argument(
+        "--max-corpus",
+        type=non_negative_int,
+        help="a quick look: a corpus of the queries' judged documents plus the first M others (default: the "
+        "whole corpus; scores on a cut corpus are higher and compare only with the same cut)",
+    )
+
+
+def take_subset(
+    args: argparse.Namespace, data: RetrievalData, verb: str
+) -> tuple[RetrievalData, dict[str, int]]:
+    """``data`` cut by ``--max-queries`` / ``--max-corpus`` (:meth:`RetrievalData.subset`, deterministic), said on
+    stderr, and what was kept of what for the output JSON (``{}``: the whole set)."""
+    if args.max_queries is None and args.max_corpus is None:
+        return data, {}
+    small = data.subset(max_queries=args.max_queries, max_corpus=args.max_corpus)
+    asked = {"max_queries": args.max_queries, "max_corpus": args.max_corpus}
+    of = {"of_queries": len(data.queries_with_qrels().query_ids), "of_documents": len(data.doc_ids)}
+    print(
+        f"{verb}: a subset of {data.name or args.data}: {len(small.query_ids)} of {of['of_queries']} queries, "
+        f"{len(small.doc_ids)} of {of['of_documents']} documents (drop --max-queries/--max-corpus for all)",
+        file=sys.stderr,
+    )
+    return small, {k: v for k, v in asked.items() if v is not None} | of

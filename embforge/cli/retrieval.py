@@ -23,8 +23,10 @@ from embforge.cli.common import (
     add_corpus_cache_arg,
     add_index_kind_arg,
     add_model_arg,
+    add_subset_args,
     config_from_args,
     parse_options,
+    take_subset,
 )
 from embforge.cli.values import (
     data_path,
@@ -183,6 +185,7 @@ def _add_data(parser: argparse.ArgumentParser, *, default_split: str | None) -> 
     parser.add_argument("--data", default=None, help="BEIR folder or the SciFact folder")
     default = default_split or "the data set's first of test, dev, validation (SciFact: dev)"
     parser.add_argument("--split", default=default_split, help=f"qrels split (default: {default})")
+    add_subset_args(parser)
 
 
 def load_data(folder: str | None, split: str) -> RetrievalData:
@@ -208,7 +211,8 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
             f"eval retrieval: evaluating split {split!r} of {args.data} (choose with --split)",
             file=sys.stderr,
         )
-    data = load_data(args.data, split)
+    data, subset = take_subset(args, load_data(args.data, split), "eval retrieval")
+    report = {"subset": subset} if subset else {}
     metrics = args.metrics.split(",") if args.metrics else RETRIEVAL_METRICS
     from embforge.kinds import folder_record, is_single_vector, load_any
 
@@ -217,7 +221,7 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
     record = folder_record(args.model)
     own = record.evaluator("retrieval")
     if own is not None:
-        return own(
+        scores = own(
             load_any(args.model, max_seq_length=args.max_seq_length),
             data,
             metrics=metrics,
@@ -225,6 +229,7 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
             index=args.index_kind,
             show_progress=True,
         )
+        return {**scores, **report}
     check_kind(args.index_kind)
     loaded = load_any(args.model, max_seq_length=args.max_seq_length)
     if not is_single_vector(loaded):
@@ -241,7 +246,7 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
         corpus_cache=args.corpus_cache,
         show_progress=True,
     )
-    return result if is_main() else None
+    return {**result, **report} if is_main() else None
 
 
 def run_mine(args: argparse.Namespace) -> Mapping[str, object] | None:
@@ -253,14 +258,18 @@ def run_mine(args: argparse.Namespace) -> Mapping[str, object] | None:
     check_kind(args.index_kind)
     config = config_from_args(MiningConfig, args, index=args.index_kind)
     corpus = None
+    subset: dict[str, int] = {}
     if args.pairs:
+        for flag, value in (("--max-queries", args.max_queries), ("--max-corpus", args.max_corpus)):
+            if value is not None:
+                raise ValueError(f"{flag} applies to --data (a retrieval folder), not to --pairs")
         data: Dataset | RetrievalData = read_table(args.pairs)
         if args.corpus:
             corpus = read_table(args.corpus).columns.get("text")
             if corpus is None:
                 raise ValueError(f"{args.corpus}: the corpus file needs a 'text' column")
     else:
-        data = load_data(args.data, args.split)
+        data, subset = take_subset(args, load_data(args.data, args.split), "mine")
     model = None
     if config.method != "bm25":
         from embforge.encoder import Encoder
@@ -287,7 +296,7 @@ def run_mine(args: argparse.Namespace) -> Mapping[str, object] | None:
     if not is_main():
         return None
     path = write_jsonl(rows, args.output)
-    return {"output": str(path), **config.stats}
+    return {"output": str(path), **config.stats, **({"subset": subset} if subset else {})}
 
 
 def _corpus(folder: str, columns: str | None) -> tuple[list[str], list[str]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from embforge.data.delimited import header_rows
 from embforge.data.tables import DataError, Dataset
 from embforge.files import read_jsonl
+from embforge.ranges import NON_NEGATIVE_INT, POSITIVE_INT, check
 
 
 @dataclass
@@ -49,6 +50,33 @@ class RetrievalData:
         keep = [i for i, q in enumerate(self.query_ids) if q in self.qrels]
         return self.subset_queries([self.query_ids[i] for i in keep])
 
+    def subset(self, *, max_queries: int | None = None, max_corpus: int | None = None) -> RetrievalData:
+        """A smaller set for a quick look, the same on every call: the first ``max_queries`` queries with qrels
+        (all of them when ``None``) and, with ``max_corpus``, a corpus of their judged documents plus the first
+        ``max_corpus`` others, in corpus order (the whole corpus when ``None``).
+
+        Fewer documents means fewer distractors: scores on a cut corpus are higher than on the whole one, and
+        only comparable with runs on the same cut.
+        """
+        check("max_queries", max_queries, POSITIVE_INT, optional=True)
+        check("max_corpus", max_corpus, NON_NEGATIVE_INT, optional=True)
+        judged = [q for q in self.query_ids if q in self.qrels]
+        small = self.subset_queries(judged[:max_queries] if max_queries is not None else judged)
+        if max_corpus is None:
+            return small
+        needed = {d for docs in small.qrels.values() for d in docs}
+        others = [i for i, d in enumerate(self.doc_ids) if d not in needed][:max_corpus]
+        keep = sorted({i for i, d in enumerate(self.doc_ids) if d in needed} | set(others))
+        return RetrievalData(
+            [self.doc_ids[i] for i in keep],
+            [self.doc_texts[i] for i in keep],
+            small.query_ids,
+            small.query_texts,
+            small.qrels,
+            [self.doc_titles[i] for i in keep],
+            self.name,
+        )
+
     def subset_queries(self, query_ids: list[str]) -> RetrievalData:
         """The same corpus with only ``query_ids`` (in that order) and their qrels."""
         position = {q: i for i, q in enumerate(self.query_ids)}
@@ -61,6 +89,13 @@ class RetrievalData:
             self.doc_titles,
             self.name,
         )
+
+
+def size_of(data: RetrievalData | Dataset) -> str:
+    """``"688 queries, 5183 documents"`` (the queries with qrels), or a table's ``"873 rows"``."""
+    if isinstance(data, RetrievalData):
+        return f"{sum(q in data.qrels for q in data.query_ids)} queries, {len(data.doc_ids)} documents"
+    return f"{len(data)} rows"
 
 
 def load_beir(folder: str | os.PathLike, *, split: str = "test") -> RetrievalData:

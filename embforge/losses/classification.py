@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge.losses.base import EmbeddingLoss, check_temperature, cosine_matrix
+from embforge.progress import phase
 
 if TYPE_CHECKING:
     from embforge.data.tables import Dataset
@@ -94,7 +95,11 @@ class PrototypeLoss(LabelledTextLoss):
         if found is None:  # Task.validate requires the label column of this loss
             raise ValueError(f"{data.path}: the {self.name!r} loss needs a 'label' column")
         labels = torch.as_tensor(self.prepare_labels(found)).long()
-        embeddings = torch.as_tensor(model.encode(data.texts()[0], normalize=True, show_progress=False))
+        texts = data.texts()[0]
+        # tens of thousands of texts take minutes: a line even in a quiet run, and the command's bar
+        doing = f"embedding the {len(texts)} texts of {data.path} for its {self.num_labels} class prototypes"
+        with phase(f"prototype loss: {doing} ..."):
+            embeddings = torch.as_tensor(model.encode(texts, normalize=True, show_progress=None))
         sums = torch.zeros(self.num_labels, embeddings.shape[1]).index_add_(0, labels, embeddings)
         present = torch.bincount(labels, minlength=self.num_labels) > 0
         with torch.no_grad():

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from embforge.files import append_jsonl
 from embforge.modeling.lora import merge_lora, uses_adapters
+from embforge.progress import phase
 from embforge.protocols import TaskBatches
 from embforge.training.artifacts import finalize_run, mark_finished, resume_finished
 from embforge.training.checkpoints import atomic_dir, save_checkpoint
@@ -85,30 +86,32 @@ def train(
     progress = start(trainer, feed)  # step 0, or every piece of state from the last checkpoint
     meter = Meter.open(trainer, progress)
     model.train()
-    while progress.step < trainer.total_steps:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        for micro in range(config.grad_accum):
-            task, batch = feed.take(progress, trainer.task_weights())
-            # embed -> loss -> backward (in cached mini-batches with config.mini_batch_size)
-            loss = micro_step(trainer, task, batch.rows, sync=micro == config.grad_accum - 1)
-            name = feed.tasks[batch.task].name
-            value = _finite(loss, step=progress.step + 1, task=name)
-            meter.observe(name, value, rows=len(batch.rows))
-            if trainer.dynamic is not None:
-                trainer.dynamic.observe(batch.task, value)
-        if trainer.parallel is not None:  # the loss modules' own parameters are not in DDP
-            trainer.parallel.reduce_loss_gradients(trainer.losses)
-        trainer.scaler.unscale_(trainer.optimizer)  # fp16: the true gradients, for clipping
-        if config.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(list(trainer.parameters()), config.max_grad_norm)
-        trainer.scaler.step(trainer.optimizer)  # skipped when an fp16 gradient overflowed
-        trainer.scaler.update()
-        if trainer.anchor is not None:  # L2-SP: decay toward the starting weights (training/anchor.py)
-            trainer.anchor.pull(float(trainer.scheduler.get_last_lr()[0]))
-        trainer.scheduler.step()
-        progress.step += 1
-        progress.pairs += meter.take_rows()
-        feed = after_step(trainer, feed, progress, meter, hooks)  # log, evaluate, refresh, save
+    # quiet: no bar, so a run of minutes says once what it does (after PHASE_DELAY seconds; embforge/progress.py)
+    with phase(_quiet_line(trainer, feed, progress), enabled=config.quiet and trainer.main):
+        while progress.step < trainer.total_steps:
+            trainer.optimizer.zero_grad(set_to_none=True)
+            for micro in range(config.grad_accum):
+                task, batch = feed.take(progress, trainer.task_weights())
+                # embed -> loss -> backward (in cached mini-batches with config.mini_batch_size)
+                loss = micro_step(trainer, task, batch.rows, sync=micro == config.grad_accum - 1)
+                name = feed.tasks[batch.task].name
+                value = _finite(loss, step=progress.step + 1, task=name)
+                meter.observe(name, value, rows=len(batch.rows))
+                if trainer.dynamic is not None:
+                    trainer.dynamic.observe(batch.task, value)
+            if trainer.parallel is not None:  # the loss modules' own parameters are not in DDP
+                trainer.parallel.reduce_loss_gradients(trainer.losses)
+            trainer.scaler.unscale_(trainer.optimizer)  # fp16: the true gradients, for clipping
+            if config.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(list(trainer.parameters()), config.max_grad_norm)
+            trainer.scaler.step(trainer.optimizer)  # skipped when an fp16 gradient overflowed
+            trainer.scaler.update()
+            if trainer.anchor is not None:  # L2-SP: decay toward the starting weights (training/anchor.py)
+                trainer.anchor.pull(float(trainer.scheduler.get_last_lr()[0]))
+            trainer.scheduler.step()
+            progress.step += 1
+            progress.pairs += meter.take_rows()
+            feed = after_step(trainer, feed, progress, meter, hooks)  # log, evaluate, refresh, save
     hooks.close()  # a background refresh still running cannot be used any more
     return finish(trainer, feed, progress, meter)
 
@@ -187,10 +190,21 @@ def after_step(trainer: Trainer, feed: Feed, progress: Progress, meter: Meter, h
     return feed
 
 
+def _quiet_line(trainer: Trainer, feed: Feed, progress: Progress) -> str:
+    """What a quiet run's loop says when it takes long: its steps, batch, tasks and output folder."""
+    total, tasks = trainer.total_steps, len(feed.tasks)
+    steps = f"steps {progress.step + 1} to {total}" if progress.step else f"{total} steps"
+    return (
+        f"train: {steps} of batch {trainer.config.batch_size} over {tasks} task{'s' if tasks != 1 else ''} -> "
+        f"{trainer.out} (quiet: no bar) ..."
+    )
+
+
 def evaluate(trainer: Trainer, progress: Progress, meter: Meter, evaluator: Evaluator) -> None:
     """Rank 0 evaluates (the other ranks wait), logs the metrics and keeps the best model in ``output/best``."""
     if trainer.main:
-        meter.metrics = evaluator(trainer.model)
+        with phase(f"train: step {progress.step}: evaluating ..."):
+            meter.metrics = evaluator(trainer.model)
         trainer.model.train()
         append_jsonl(meter.file, {"step": progress.step, "eval": meter.metrics})
         metric = trainer.config.metric or primary_metric(meter.metrics)

@@ -98,7 +98,10 @@ def test_eval_sts_shows_a_bar_with_eta_even_in_a_log(tiny_model_dir, sts_csv, ca
     assert "encode" in err and "<" in err  # tqdm's "[elapsed<remaining]"
 
 
-def test_quiet_is_really_quiet(tmp_path, tiny_model_dir, sts_csv, capfd, instant_bars):
+def test_quiet_is_really_quiet(tmp_path, tiny_model_dir, sts_csv, capfd, instant_bars, monkeypatch):
+    # a phase of more than PHASE_DELAY seconds says what it does even when quiet; a loaded machine must not make
+    # this tiny run's phases that long
+    monkeypatch.setattr(progress, "PHASE_DELAY", 1e6)
     out = tmp_path / "run"
     args = ["train", "--model", str(tiny_model_dir), "--train", str(sts_csv), "--eval", str(sts_csv)]
     assert main([*args, "--output", str(out), "--batch-size", "8", "--quiet"]) == 0
