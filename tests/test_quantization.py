@@ -184,9 +184,7 @@ def test_saved_ranges_are_checked_when_read(tmp_path, record, problem):
 def test_saved_ranges_of_another_width_are_refused(tmp_path):
     _saved(tmp_path, {"min": [0.0, 0.0], "max": [1.0, 1.0]})
     np.testing.assert_array_equal(read_ranges(tmp_path, dim=2), [[0, 0], [1, 1]])
-    with pytest.raises(
-        ValueError, match=r"embforge_quantization\.json: 2 dimensions, but the model has 4"
-    ):
+    with pytest.raises(ValueError, match=r"embforge_quantization\.json: 2 dimensions, but the model has 4"):
         read_ranges(tmp_path, dim=4)
     (tmp_path / "embforge_quantization.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"embforge_quantization\.json: not JSON \("):
@@ -200,7 +198,8 @@ def test_the_server_refuses_ranges_of_another_width_before_it_starts(tiny_encode
 
     other = np.stack([np.zeros(8), np.ones(8)]).astype(np.float32)
     with pytest.raises(
-        ValueError, match=rf"calibration ranges given for .*: 8 dimensions, but the model has {tiny_encoder.dim}"
+        ValueError,
+        match=rf"calibration ranges given for .*: 8 dimensions, but the model has {tiny_encoder.dim}",
     ):
         create_app({"tiny": tiny_encoder}, ranges={"tiny": other})
     bad = np.stack([np.zeros(tiny_encoder.dim), np.full(tiny_encoder.dim, np.nan)]).astype(np.float32)
