@@ -42,6 +42,13 @@ class Hit(_Hit, total=False):
     text: str
 
 
+def hit(key: str, score: float, doc: StoredDocument, *, with_text: bool) -> Hit:
+    """A search result for the stored ``doc``; keys in the order the API documents."""
+    if with_text:
+        return {"id": key, "score": float(score), "text": doc["text"], "fields": doc["fields"]}
+    return {"id": key, "score": float(score), "fields": doc["fields"]}
+
+
 def document_row(position: int, doc: Mapping[str, object]) -> tuple[str, str, str]:
     """``(id, text, fields JSON)`` of one added document, or a ``ValueError`` saying why it cannot be stored."""
     key, text, fields = doc.get("id"), doc.get("text"), doc.get("fields") or {}

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from embforge.serve.documents import DuplicateIdError, Hit, StoredDocument, document_row, taken
+from embforge.serve.documents import DuplicateIdError, Hit, StoredDocument, document_row, hit, taken
 
 
 class KindIndex(Protocol):
@@ -96,13 +96,7 @@ class MemoryStore:
         for row_scores, row_ids in zip(scores, ids):
             hits: list[Hit] = []
             for score, key in zip(row_scores, row_ids):
-                doc = docs[key]
-                hit: Hit = (
-                    {"id": key, "score": float(score), "text": doc["text"], "fields": doc["fields"]}
-                    if with_text
-                    else {"id": key, "score": float(score), "fields": doc["fields"]}
-                )
-                hits.append(hit)
+                hits.append(hit(key, score, docs[key], with_text=with_text))
             results.append(hits)
         return results
 

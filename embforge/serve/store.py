@@ -46,6 +46,7 @@ from embforge.serve.documents import (
     Hit,
     StoredDocument,
     document_row,
+    hit,
     taken,
     unit_vectors,
 )
@@ -323,12 +324,7 @@ class DocumentStore:
                 doc = docs.get(key)
                 if doc is None:  # a point a remote index holds without a row here
                     continue
-                hit: Hit = (  # keys in the order the API documents
-                    {"id": key, "score": float(score), "text": doc["text"], "fields": doc["fields"]}
-                    if with_text
-                    else {"id": key, "score": float(score), "fields": doc["fields"]}
-                )
-                hits.append(hit)
+                hits.append(hit(key, score, doc, with_text=with_text))
             results.append(hits)
         return results
 
