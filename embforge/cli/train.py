@@ -31,7 +31,7 @@ _VALUES: dict[str, Callable[[str], object]] = {
 }
 
 
-def _fields() -> list[tuple[dataclasses.Field[Any], About]]:
+def _fields() -> list[tuple[dataclasses.Field[object], About]]:
     """The fields of a run that have a flag: :class:`RunSpec`'s, then :class:`TrainConfig`'s."""
     from embforge.training.config import TrainConfig
     from embforge.training.spec import RunSpec
@@ -39,7 +39,7 @@ def _fields() -> list[tuple[dataclasses.Field[Any], About]]:
     return [*described(RunSpec), *described(TrainConfig)]
 
 
-def _value_type(item: dataclasses.Field[Any], info: About) -> Callable[[str], object]:
+def _value_type(item: dataclasses.Field[object], info: About) -> Callable[[str], object]:
     """The argparse type of a field's flag: its named kind of value, else its range (an integer field's values
     parse as integers), else text."""
     if info.value is not None:
@@ -60,7 +60,7 @@ def _loss_help(text: str) -> str:
     return f"{text}: {', '.join(LOSSES)}; cross-encoders (--model-type cross): {cross}; multi-vector models: {late}"
 
 
-def _add_flag(group: argparse._ArgumentGroup, item: dataclasses.Field[Any], info: About) -> None:
+def _add_flag(group: argparse._ArgumentGroup, item: dataclasses.Field[object], info: About) -> None:
     """The flag of one field, generated from what the field declares."""
     text = _loss_help(str(info.help)) if item.name == "loss" else info.help
     flag = info.flag_of(item.name)

@@ -177,7 +177,7 @@ def _checked(path: Path, key: ShardKey) -> tuple[np.ndarray | None, str | None]:
     return vectors, None
 
 
-def _manifest(path: Path, key: ShardKey) -> tuple[dict[str, Any] | None, str | None]:
+def _manifest(path: Path, key: ShardKey) -> tuple[dict[str, object] | None, str | None]:
     """The shard's manifest when it describes the shard ``key`` asks for, else ``(None, what is wrong)``."""
     file = manifest_path(path)
     try:

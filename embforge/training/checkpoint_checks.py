@@ -111,7 +111,7 @@ def readable(file: Path, read: Callable[[Path], T]) -> T:
 LARGEST_WEIGHT = 1e19
 
 
-def check_finite(path: Path, *, state: dict[str, Any], losses: dict[str, torch.Tensor], advice: str) -> None:
+def check_finite(path: Path, *, state: dict[str, object], losses: dict[str, torch.Tensor], advice: str) -> None:
     """Refuse a checkpoint holding NaN, infinite or overflowing weights, or a non-finite optimiser state; the
     error ends with ``advice`` (which earlier checkpoint to resume from instead).
 
@@ -128,7 +128,7 @@ def check_finite(path: Path, *, state: dict[str, Any], losses: dict[str, torch.T
         _finite(path, path / "trainer_state.pt", name, tensor, largest=None, advice=advice)
 
 
-def _tensors(value: Any, name: str) -> list[tuple[str, torch.Tensor]]:
+def _tensors(value: object, name: str) -> list[tuple[str, torch.Tensor]]:
     """Every floating-point tensor inside nested dicts and lists, with its path (``optimizer.state.0.exp_avg``)."""
     if isinstance(value, torch.Tensor):
         return [(name, value)] if value.is_floating_point() else []

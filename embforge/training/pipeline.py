@@ -48,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,8 +71,9 @@ from embforge.training.pipeline_file import (
     TaskSpec,
     is_pipeline,
     load_pipeline,
+    overridden_pipeline,
     parse_pipeline,
-    with_overrides,
+    stage_dir,
 )
 from embforge.training.run import make_loss, model_dim, new_loss
 from embforge.training.tasks import Task
@@ -289,19 +289,16 @@ def _mined(spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path
         return read_table(cached)
     rows, n = (source if spec.limit is None else data), config.num_negatives
     how = f"{n} {'BM25' if config.method == 'bm25' else config.method} negative{'s' * (n != 1)} per query"
-    # torchrun: every process encodes a share of the texts and gets the same rows; rank 0 writes them
     with phase(f"train: {where}: mining {how} ({size_of(rows)}) ..."):
-        mined = mine(sharded(model), rows, config)
+        mined = mine(
+            sharded(model), rows, config
+        )  # torchrun: each encodes a share, all get the rows; 0 writes
     if is_main():
         workdir.mkdir(parents=True, exist_ok=True)
         write_jsonl(mined, cached.with_suffix(".tmp"))
         cached.with_suffix(".tmp").replace(cached)
     barrier()
     return read_table(cached)
-
-
-def stage_dir(pipeline: Pipeline, index: int) -> Path:
-    return Path(pipeline.output) / f"stage-{index}-{pipeline.stages[index - 1].name}"
 
 
 def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind = ModelKind.DENSE) -> None:
@@ -339,8 +336,7 @@ def run_pipeline(
             output folder that is not empty is an error (nothing is overwritten) unless ``overwrite``.
         seed: Overrides every stage's seed (sampling, dropout, new heads and projections).
         overwrite: Empty an output folder that holds an earlier run first (with ``resume=False``).
-        allow_data_change: Overrides every stage's ``allow_data_change`` (resume although training files
-            changed).
+        allow_data_change: Overrides every stage's ``allow_data_change`` (resume although data changed).
         overrides: Fields set in every stage (``lr``, ``batch_size`` ...) or on the pipeline (``model``):
             :func:`~embforge.training.pipeline_file.with_overrides`; a field that cannot apply to every stage
             (``loss``, ``train`` ...) is a :class:`PipelineError` naming it.
@@ -352,12 +348,8 @@ def run_pipeline(
     from embforge.encoder import Encoder
 
     named = {"seed": seed, "device": device, "quiet": quiet, "allow_data_change": allow_data_change}
-    named = {key: value for key, value in named.items() if value is not None}
-    pipeline, overridden = with_overrides(pipeline, {**(overrides or {}), **named})
-    pipeline = dataclasses.replace(pipeline, output=pipeline.output if output is None else output)
-    if overridden and not pipeline.stages[0].config.quiet:
-        changed = ", ".join(f"{key} = {value!r}" for key, value in overridden.items())
-        print(f"train: {pipeline.source}: set in every stage: {changed}", file=sys.stderr)
+    named = {key: value for key, value in named.items() if value is not None}  # unset: the overrides' value
+    pipeline, overridden = overridden_pipeline(pipeline, output, {**(overrides or {}), **named})
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
     validate_pipeline(pipeline, dim=model_dim(model), kind=kind_of(model))  # before any training
@@ -369,6 +361,19 @@ def run_pipeline(
     init_from_env()  # torchrun: every process runs every stage (training/distributed.py), rank 0 writes
     barrier()  # every process has looked at the output before any creates a stage folder
     out.mkdir(parents=True, exist_ok=True)
+    summaries = _run_stages(pipeline, model, on_step)
+    if is_main():
+        atomic_dir(out / "final", model.save)
+        link_identical(out / "final", stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights
+    barrier()
+    return {"output": str(out), "final": str(out / "final"), "overridden": overridden, "stages": summaries}
+
+
+def _run_stages(
+    pipeline: Pipeline, model: Any, on_step: Callable[[int, int], None] | None
+) -> list[dict[str, Any]]:
+    """Train ``model`` through the stages in order: a finished stage's summary is read back (its model loaded
+    before the next stage trains), an unfinished one resumes from its checkpoints; the stages' summaries."""
     summaries: list[dict[str, Any]] = []
     loaded_from: Path | None = None
     for i, stage in enumerate(pipeline.stages, 1):
@@ -386,15 +391,10 @@ def run_pipeline(
             stage.config, output=str(folder), resume=(folder / "checkpoints").is_dir()
         )
         step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))
-        summary = train(model, tasks, config, on_step=step_hook)
-        summary = {"stage": i, "name": stage.name, **summary}
+        summary = {"stage": i, "name": stage.name, **train(model, tasks, config, on_step=step_hook)}
         if is_main():
             write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
         summaries.append(summary)
     if loaded_from is not None:  # every stage was already done
         model.load_weights(loaded_from)
-    if is_main():
-        atomic_dir(out / "final", model.save)
-        link_identical(out / "final", stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights
-    barrier()
-    return {"output": str(out), "final": str(out / "final"), "overridden": overridden, "stages": summaries}
+    return summaries

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,3 +176,23 @@ def with_overrides(pipeline: Pipeline, values: Mapping[str, Any]) -> tuple[Pipel
         raise PipelineError(f"{pipeline.source}: {err}") from None
     top = {k: v for k, v in given.items() if k in _TOP_OVERRIDES}
     return dataclasses.replace(pipeline, stages=stages, **top), given
+
+
+def overridden_pipeline(
+    pipeline: Pipeline, output: str | None, given: Mapping[str, Any]
+) -> tuple[Pipeline, dict[str, Any]]:
+    """``pipeline`` with the fields ``given`` set in every stage and its output folder
+    replaced by ``output`` when given; and the fields set, said on stderr unless quiet."""
+    pipeline, overridden = with_overrides(
+        pipeline, {key: value for key, value in given.items() if value is not None}
+    )
+    pipeline = dataclasses.replace(pipeline, output=pipeline.output if output is None else output)
+    if overridden and not pipeline.stages[0].config.quiet:
+        changed = ", ".join(f"{key} = {value!r}" for key, value in overridden.items())
+        print(f"train: {pipeline.source}: set in every stage: {changed}", file=sys.stderr)
+    return pipeline, overridden
+
+
+def stage_dir(pipeline: Pipeline, index: int) -> Path:
+    """The folder of stage ``index`` (from 1): ``OUTPUT/stage-1-NAME``."""
+    return Path(pipeline.output) / f"stage-{index}-{pipeline.stages[index - 1].name}"
