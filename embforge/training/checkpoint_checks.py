@@ -111,7 +111,9 @@ def readable(file: Path, read: Callable[[Path], T]) -> T:
 LARGEST_WEIGHT = 1e19
 
 
-def check_finite(path: Path, *, state: dict[str, object], losses: dict[str, torch.Tensor], advice: str) -> None:
+def check_finite(
+    path: Path, *, state: dict[str, object], losses: dict[str, torch.Tensor], advice: str
+) -> None:
     """Refuse a checkpoint holding NaN, infinite or overflowing weights, or a non-finite optimiser state; the
     error ends with ``advice`` (which earlier checkpoint to resume from instead).
 
