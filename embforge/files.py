@@ -141,11 +141,17 @@ def append_jsonl(path: str | os.PathLike, record: object) -> None:
 # ------------------------------------------------------------------------------------------------- reading
 
 
-def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+def read_lines(
+    path: str | os.PathLike, skip: Callable[[DataError], None] | None = None
+) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` for each line of a UTF-8 file, line ending kept, a leading BOM dropped.
 
+    Args:
+        path: The file.
+        skip: When given, an undecodable line's error is handed to it and the line left out; else it is raised.
+
     Raises:
-        DataError: ``file:line:column: invalid UTF-8 (byte 0x..)`` at the first undecodable byte.
+        DataError: ``file:line:column: invalid UTF-8 (byte 0x..)`` at the first undecodable byte (no ``skip``).
     """
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
@@ -154,9 +160,13 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             except UnicodeDecodeError as err:
                 column = len(raw[: err.start].decode("utf-8", errors="replace")) + 1
                 bad = raw[err.start : err.start + 1].hex()
-                raise DataError(
+                error = DataError(
                     f"{path}:{number}:{column}: invalid UTF-8 (byte 0x{bad}); save the file as UTF-8"
-                ) from None
+                )
+                if skip is None:
+                    raise error from None
+                skip(error)
+                continue
             if number == 1 and text.startswith(BOM):
                 text = text[1:]
             yield number, text

@@ -35,7 +35,7 @@ from embforge.data.columns import (
     named_sources,
     standard_name,
 )
-from embforge.files import BOM, DataError, read_lines
+from embforge.files import DataError, read_lines
 
 SAMPLE_ROWS = 200
 Record = tuple[int, list[str]]
@@ -247,34 +247,10 @@ def header_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 # ---------------------------------------------------------------------------------------------- records
-def decoded_lines(path: Path, skip: Callable[[DataError], None] | None = None) -> Iterator[tuple[int, str]]:
-    """:func:`~embforge.files.read_lines`; with ``skip``, an undecodable line is handed to it (and left out)
-    instead of ending the file there with its error."""
-    if skip is None:
-        yield from read_lines(path)
-        return
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                column = len(raw[: err.start].decode("utf-8", errors="replace")) + 1
-                bad = raw[err.start : err.start + 1].hex()
-                skip(
-                    DataError(
-                        f"{path}:{number}:{column}: invalid UTF-8 (byte 0x{bad}); save the file as UTF-8"
-                    )
-                )
-                continue
-            yield number, text[len(BOM) :] if number == 1 and text.startswith(BOM) else text
-
-
 def sniff_delimiter(path: Path, lines: int = 50) -> str:
     """``","`` unless the first lines split consistently on tabs but not on commas (a TSV named ``.csv``)."""
     sample: list[str] = []
-    for _, text in decoded_lines(
-        path, skip=lambda _: None
-    ):  # an undecodable line is the rows' reader's error
+    for _, text in read_lines(path, skip=lambda _: None):  # an undecodable line is the rows' reader's error
         if text.strip():
             sample.append(text)
         if len(sample) >= lines:
@@ -294,7 +270,7 @@ def sniff_delimiter(path: Path, lines: int = 50) -> str:
 
 
 def _tsv_records(path: Path, skip: Callable[[DataError], None] | None = None) -> Iterator[Record]:
-    for line, text in decoded_lines(path, skip):
+    for line, text in read_lines(path, skip):
         body = text[:-1] if text.endswith("\n") else text
         body = body[:-1] if body.endswith("\r") else body
         if "\r" in body:  # TSV has no quoting: a bare \r is an old Mac line ending, not text
@@ -312,7 +288,7 @@ def _csv_records(
     pending: list[tuple[int, str]] = []
 
     def lines() -> Iterator[str]:
-        for number, text in decoded_lines(path, skip):
+        for number, text in read_lines(path, skip):
             pending.append((number, text))
             yield text
 

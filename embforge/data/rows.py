@@ -20,9 +20,9 @@ from pathlib import Path
 
 from embforge._optional import require
 from embforge.data.columns import as_integer, standard_mapping
-from embforge.data.delimited import decoded_lines, delimited_rows, header_names
+from embforge.data.delimited import delimited_rows, header_names
 from embforge.data.tables import check_value, json_target
-from embforge.files import DataError
+from embforge.files import DataError, read_lines
 
 DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet")
 LINE, FILE = "_line", "_file"  # where each row came from (kept in the Arrow cache, for error messages)
@@ -177,7 +177,7 @@ def _raw_rows(path: Path, mapping: dict[str, str], header: bool | None) -> Itera
 
 def _jsonl_rows(path: Path, mapping: dict[str, str]) -> Iterator[tuple[int, RawRow]]:
     errors: list[DataError] = []
-    for line, text in decoded_lines(path, skip=errors.append):
+    for line, text in read_lines(path, skip=errors.append):
         yield from ((0, err) for err in errors)
         errors.clear()
         if not text.strip():

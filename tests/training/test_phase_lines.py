@@ -11,15 +11,9 @@ from embforge import progress
 from embforge.cli import main
 from embforge.training.config import TrainConfig
 from tests.conftest import pipeline_head
+from tests.training.test_pipeline import PAIRS as PIPELINE_PAIRS
 
-PAIRS = [
-    ("a man plays the guitar", "a man is playing guitar"),
-    ("a woman eats food", "a woman is eating"),
-    ("a cat runs in the park", "a cat is in the park"),
-    ("the stock market rises", "the price rises"),
-    ("a child reads a book", "a child is reading"),
-    ("a plane is taking off", "the plane takes off"),
-]
+PAIRS = PIPELINE_PAIRS[:6]
 
 
 def _mining_pipeline(tmp_path, model_dir):
