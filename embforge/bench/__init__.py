@@ -1,1 +1,0 @@
-"""Reproducible experiments run by ``embforge bench <experiment>`` (see :mod:`embforge.bench.cosent_vs_ce`)."""
