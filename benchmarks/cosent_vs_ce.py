@@ -1,4 +1,4 @@
-"""``embforge bench cosent-vs-ce``: CE vs CoSENT for cross-encoders, Sentence-BERT softmax vs CoSENT for bi-encoders.
+"""CE vs CoSENT for cross-encoders, Sentence-BERT softmax vs CoSENT for bi-encoders, over seeds.
 
 For every data set and seed, four systems start from the same base model and train with the same budget
 (training pairs, epochs, batch size, learning rate, max length):
@@ -15,6 +15,10 @@ system             model            loss
 Metrics on the test split: Spearman between the model's score (cross-encoder logit / cosine) and the labels,
 and accuracy with the threshold searched on the dev split (binary data sets only). Tables (rows = system,
 columns = data sets + average) show mean ± std over the seeds, like the CoSENT source's tables.
+
+    .venv/bin/python benchmarks/cosent_vs_ce.py --quick                  # two data sets, 64 pairs: minutes
+    .venv/bin/python benchmarks/cosent_vs_ce.py --results runs.jsonl     # the four English sets, 3 seeds
+    .venv/bin/python benchmarks/cosent_vs_ce.py --datasets ATEC,BQ,LCQMC,PAWSX --model path/to/chinese-bert
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -100,6 +105,8 @@ QUICK: dict[str, int | list[str]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BenchConfig()
+    from embforge.cli.values import non_negative_int, positive_float, positive_int
+
     parser.add_argument("--model", default=defaults.model, help="base model for every system")
     parser.add_argument(
         "--datasets",
@@ -112,14 +119,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("train_size", "dev_size", "test_size"):
         parser.add_argument(
             f"--{name.replace('_', '-')}",
-            type=int,
+            type=non_negative_int,
             default=None,
             help=f"subsample to this many rows, 0 = all (default {getattr(defaults, name)})",
         )
-    parser.add_argument("--epochs", type=int, default=None, help=f"default {defaults.epochs}")
-    parser.add_argument("--batch-size", type=int, default=None, help=f"default {defaults.batch_size}")
-    parser.add_argument("--lr", type=float, default=None, help=f"default {defaults.lr}")
-    parser.add_argument("--max-seq-length", type=int, default=None, help=f"default {defaults.max_seq_length}")
+    parser.add_argument("--epochs", type=positive_int, default=None, help=f"default {defaults.epochs}")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=None, help=f"default {defaults.batch_size}"
+    )
+    parser.add_argument("--lr", type=positive_float, default=None, help=f"default {defaults.lr}")
+    parser.add_argument(
+        "--max-seq-length", type=positive_int, default=None, help=f"default {defaults.max_seq_length}"
+    )
     parser.add_argument(
         "--cn-root", default=None, help="senteval_cn folder (default <data root>/senteval_cn)"
     )
@@ -301,8 +312,6 @@ def format_tables(runs: list[dict[str, Any]], config: BenchConfig) -> str:
 
 def run_benchmark(config: BenchConfig, *, echo: bool = True) -> dict[str, object]:
     """Run every (data set, system, seed); print progress and the tables; return the tables and raw runs."""
-    import sys
-
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     sizes: dict[str, dict[str, str]] = {}
@@ -344,3 +353,23 @@ def run_benchmark(config: BenchConfig, *, echo: bool = True) -> dict[str, object
         "tables": tables,
         "runs": runs,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Train each system on each data set over several seeds from the same base model and budget; "
+        "print Spearman and accuracy tables (mean ± std), then one JSON line of the whole result."
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as err:
+        parser.error(str(err))
+    result = run_benchmark(config)
+    print(json.dumps(result, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,7 +40,7 @@ step train-retrieval embforge train --retrieval-train $W/beir --retrieval-eval-s
 step eval-pairs embforge eval pairs --model runs/ce --data $W/test.tsv --dev $W/dev.tsv
 step eval-rerank embforge eval rerank --model runs/ce --data $W/test.tsv
 step rerank embforge rerank --bi-model all-MiniLM-L6-v2 --cross-model runs/ce --data $W/test.tsv --top-k 20
-step bench-quick embforge bench cosent-vs-ce --quick
+step bench-quick python benchmarks/cosent_vs_ce.py --quick
 step pipeline embforge train $W/pipeline.toml --output runs/walk-pipeline
 step three-stage embforge train embforge/configs/three_stage.toml --output runs/three-stage
 step eval-classification embforge eval classification --model all-MiniLM-L6-v2 --train $W/train.jsonl --test $W/test.jsonl

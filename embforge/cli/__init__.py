@@ -21,7 +21,6 @@ VERB_MODULES = [
     "embforge.cli.serve",
     "embforge.cli.retrieval",
     "embforge.cli.cross",
-    "embforge.cli.bench",
     "embforge.cli.report",
     "embforge.cli.teacher",
     "embforge.cli.score",

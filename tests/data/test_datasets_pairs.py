@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from embforge.data.builtin import load_builtin
@@ -14,7 +16,7 @@ from embforge.data.builtin.wikiqa import load_wikiqa
 from embforge.data.builtin.wikiqa_passages import load_wikiqa_passages
 from embforge.data.tables import DataError, read_table
 from embforge.evaluate.rerank import group_candidates
-from tests.conftest import requires_data
+from tests.conftest import benchmark_module, requires_data
 
 
 @requires_data
@@ -86,9 +88,9 @@ def test_snli_files_report_bad_lines(tmp_path):
 
 @requires_data
 def test_bench_cosent_vs_ce_runs_every_system_and_prints_mean_std(tiny_model_dir):
-    from embforge.bench.cosent_vs_ce import BenchConfig, run_benchmark
-
-    config = BenchConfig(
+    """``benchmarks/cosent_vs_ce.py`` (the experiment script) on a tiny model: every system, mean ± std tables."""
+    bench = benchmark_module("cosent_vs_ce")
+    config = bench.BenchConfig(
         model=str(tiny_model_dir),
         datasets=["stsb", "mrpc"],
         systems=["cross-ce", "bi-softmax"],  # the two with special cases for graded labels
@@ -99,7 +101,7 @@ def test_bench_cosent_vs_ce_runs_every_system_and_prints_mean_std(tiny_model_dir
         batch_size=8,
         max_seq_length=32,
     )
-    result = run_benchmark(config, echo=False)
+    result = bench.run_benchmark(config, echo=False)
     assert len(result["runs"]) == 2 * 2 * 2
     assert all("accuracy" in r for r in result["runs"] if r["dataset"] == "mrpc")
     assert not any("accuracy" in r for r in result["runs"] if r["dataset"] == "stsb")
@@ -107,6 +109,26 @@ def test_bench_cosent_vs_ce_runs_every_system_and_prints_mean_std(tiny_model_dir
     assert "| system | stsb | mrpc | avg |" in tables and "| system | mrpc | avg |" in tables
     assert tables.count("±") == 2 * 3 + 2 * 2
     assert result["rows"]["mrpc"]["train"] == "24/3646"
+
+
+def test_bench_cosent_vs_ce_command_line_fills_the_config_and_refuses_bad_values(capsys):
+    bench = benchmark_module("cosent_vs_ce")
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    config = bench.config_from_args(parser.parse_args(["--quick", "--systems", "bi-cosent", "--seeds", "3"]))
+    assert (config.datasets, config.train_size, config.systems, config.seeds) == (
+        ["stsb", "mrpc"],
+        64,
+        ["bi-cosent"],
+        [3],
+    )
+    assert bench.config_from_args(parser.parse_args(["--test-size", "0"])).test_size is None  # 0 = all rows
+    with pytest.raises(SystemExit):
+        bench.main(["--epochs", "0"])
+    assert "--epochs: must be a positive integer, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--datasets", "stsb,imdb"])
+    assert "unknown data set 'imdb'" in capsys.readouterr().err
 
 
 def test_wikiqa_passages_join_each_answered_questions_candidates_in_order(tmp_path):
