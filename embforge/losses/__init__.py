@@ -1,6 +1,6 @@
 """Bi-encoder losses, selectable by name. Each takes embeddings (one tensor per text column) and labels.
 
-Fifteen by name in :data:`LOSSES` (the ``--loss`` choices of a dense, static or sparse model) plus the
+Sixteen by name in :data:`LOSSES` (the ``--loss`` choices of a dense, static or sparse model) plus the
 :class:`MatryoshkaLoss` wrapper; cross-encoder losses are in :mod:`embforge.losses.cross`, multi-vector (MaxSim)
 ones in :mod:`embforge.losses.late`. Each class's docstring gives its formula, the columns it reads, its paper and
 an example.
@@ -15,6 +15,7 @@ from embforge.losses.base import EmbeddingLoss
 from embforge.losses.classification import ClusterLoss, PrototypeLoss, SupConLoss
 from embforge.losses.cosent import CoSENTLoss, cosent
 from embforge.losses.distill import KLDistillLoss, MarginMSEDistillLoss, MSEDistillLoss
+from embforge.losses.gist import GISTLoss
 from embforge.losses.infonce import InfoNCELoss, SimCSELoss
 from embforge.losses.margin import ContrastiveLoss, TripletLoss
 from embforge.losses.matryoshka import MatryoshkaLoss
@@ -25,6 +26,7 @@ from embforge.losses.splade import SpladeLoss
 
 LOSSES: dict[str, type[EmbeddingLoss]] = {
     "infonce": InfoNCELoss,
+    "gist": GISTLoss,  # InfoNCE whose in-batch negatives a guide model vets
     "simcse": SimCSELoss,
     "cosent": CoSENTLoss,
     "mse": CosineMSELoss,
@@ -48,6 +50,7 @@ __all__ = [
     "ContrastiveLoss",
     "CosineMSELoss",
     "EmbeddingLoss",
+    "GISTLoss",
     "InfoNCELoss",
     "KLDistillLoss",
     "MSEDistillLoss",
@@ -77,7 +80,7 @@ def get_loss(
     """Build a loss by name.
 
     Args:
-        name: One of :data:`LOSSES` (``infonce``, ``simcse``, ``cosent``, ``mse``, ``softmax``,
+        name: One of :data:`LOSSES` (``infonce``, ``gist``, ``simcse``, ``cosent``, ``mse``, ``softmax``,
             ``contrastive``, ``triplet``, ``prototype``, ``cluster``, ``supcon``, ``mse_distill``,
             ``margin_mse``, ``kl_distill``, ``similarity_distill``, ``splade``).
         dim: Embedding size (needed by ``softmax`` and ``prototype``).

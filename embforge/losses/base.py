@@ -61,6 +61,9 @@ class EmbeddingLoss(BaseLoss):
     centroid_columns: int | None = None
     """How many leading text columns the penalty spreads (``centroid_columns = 1``: the queries of a query →
     candidates task only); ``None``: every column."""
+    guide: str | None = None
+    """A guide model (folder or name) whose embeddings of each batch's texts the training task passes as the
+    labels (``(n, columns, D)``, no gradient): :class:`embforge.losses.gist.GISTLoss`; ``None``: none."""
 
     def start_from(self, model: Embedder, data: Dataset) -> None:
         """Set data-dependent starting values before training (called once per task with the model to train)."""

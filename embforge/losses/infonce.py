@@ -1,13 +1,112 @@
-"""InfoNCE with in-batch negatives (also known as MultipleNegativesRankingLoss), and unsupervised SimCSE."""
+"""InfoNCE with in-batch negatives (also known as MultipleNegativesRankingLoss), its GTE directions and
+hardness-weighted negatives, and unsupervised SimCSE."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from embforge.data.augment import AUGMENTATIONS, augment_texts
 from embforge.losses.base import EmbeddingLoss, check_temperature, cosine_matrix
+
+DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+"""The similarity blocks an InfoNCE softmax can span (sentence-transformers' names)."""
+PARTITION_MODES = ("joint", "per_direction")
+HARDNESS_MODES = ("in_batch_negatives", "hard_negatives", "all_negatives")
+GTE_DIRECTIONS = DIRECTIONS
+"""Li et al., 2023 (GTE): every block in one joint partition function."""
+
+
+def infonce_blocks(
+    embeddings: Sequence[Tensor],
+    *,
+    scale: float,
+    directions: Sequence[str] = ("query_to_doc",),
+    hardness_mode: str | None = None,
+    hardness_strength: float = 0.0,
+) -> dict[str, Tensor]:
+    r"""The scaled logit blocks of an InfoNCE softmax, by direction; row *i* of each belongs to pair *i*.
+
+    With queries :math:`q`, positives :math:`d` and every document column :math:`D` (positives, then each
+    hard-negative column), :math:`s = \text{scale}`:
+
+    ====================  ===========================  =====================================================
+    direction             block ``(n, ·)``              left out (``-inf``)
+    ====================  ===========================  =====================================================
+    ``query_to_doc``      :math:`s\cos(q_i, D_j)`      nothing (column *i* is the positive)
+    ``query_to_query``    :math:`s\cos(q_i, q_j)`      :math:`j = i`
+    ``doc_to_query``      :math:`s\cos(d_i, q_j)`      nothing
+    ``doc_to_doc``        :math:`s\cos(d_i, D_j)`      pair *i*'s own documents (positive and negatives)
+    ====================  ===========================  =====================================================
+
+    A hardness mode adds :math:`\alpha\,\mathrm{sg}(\cos(q_i, D_j))` (``hardness_strength`` α, no gradient
+    through it, not scaled) to the ``query_to_doc`` logits of some negatives: ``in_batch_negatives`` the other
+    pairs' documents, ``hard_negatives`` pair *i*'s own hard negatives, ``all_negatives`` both (Lan et al., 2025,
+    Eq. 5; Schechter Vera et al., 2025). A fixed number of tensor operations whatever the batch.
+    """
+    queries, positives = embeddings[0], embeddings[1]
+    documents = torch.cat(list(embeddings[1:])) if len(embeddings) > 2 else positives
+    n, columns = len(queries), len(embeddings) - 1
+    own = torch.eye(n, dtype=torch.bool, device=queries.device).repeat(1, columns)  # pair i's documents
+    query_doc = cosine_matrix(queries, documents)
+    blocks = {"query_to_doc": query_doc * scale}
+    if hardness_mode is not None and hardness_strength > 0:
+        first_column = torch.zeros_like(own)
+        first_column[:, :n] = True
+        penalised = {
+            "in_batch_negatives": ~own,
+            "hard_negatives": own & ~first_column,
+            "all_negatives": ~(own & first_column),
+        }[hardness_mode]
+        blocks["query_to_doc"] = blocks["query_to_doc"] + hardness_strength * query_doc.detach() * penalised
+    if "query_to_query" in directions:
+        same = torch.eye(n, dtype=torch.bool, device=queries.device)
+        blocks["query_to_query"] = (cosine_matrix(queries, queries) * scale).masked_fill(same, -torch.inf)
+    if "doc_to_query" in directions:
+        blocks["doc_to_query"] = cosine_matrix(positives, queries) * scale
+    if "doc_to_doc" in directions:
+        blocks["doc_to_doc"] = (cosine_matrix(positives, documents) * scale).masked_fill(own, -torch.inf)
+    return blocks
+
+
+def partitioned_loss(blocks: dict[str, Tensor], partition_mode: str = "joint") -> Tensor:
+    r"""InfoNCE from :func:`infonce_blocks`: the positive logit (``query_to_doc``'s diagonal) against one joint
+    partition function over every block, or the mean of one per block (``per_direction``).
+
+    .. math::
+        \text{joint: } \mathcal{L} = -\frac1n\sum_i \Big(\ell_{ii} - \log\sum_{b}\sum_j e^{\ell^{b}_{ij}}\Big)
+        \qquad \text{per\_direction: } \mathcal{L} = -\frac1n\sum_i \Big(\ell_{ii} - \frac1B\sum_b
+        \log\sum_j e^{\ell^{b}_{ij}}\Big)
+    """
+    query_doc = blocks["query_to_doc"]
+    positive = query_doc.diagonal()
+    if partition_mode == "joint":
+        log_z = torch.logsumexp(torch.cat(list(blocks.values()), dim=1), dim=1)
+    else:
+        log_z = torch.stack([torch.logsumexp(block, dim=1) for block in blocks.values()]).mean(0)
+    return (log_z - positive).mean()
+
+
+def _directions(value: str | Sequence[str] | None, symmetric: bool) -> tuple[str, ...]:
+    """The ``directions`` option as a tuple (a list, or one comma-separated string as the CLI gives it)."""
+    if value is None:
+        return ("query_to_doc", "doc_to_query") if symmetric else ("query_to_doc",)
+    if symmetric:
+        raise ValueError(
+            "give either symmetric = true or directions, not both (symmetric is directions = "
+            "['query_to_doc', 'doc_to_query'] with partition_mode = 'per_direction')"
+        )
+    names = [d.strip() for d in value.split(",")] if isinstance(value, str) else [str(d) for d in value]
+    unknown = [d for d in names if d not in DIRECTIONS]
+    if unknown or not names:
+        raise ValueError(f"directions must be some of {', '.join(DIRECTIONS)}, got {list(value)!r}")
+    if "query_to_doc" not in names:
+        raise ValueError(
+            "directions must include 'query_to_doc' (the block that holds each query's positive)"
+        )
+    return tuple(d for d in DIRECTIONS if d in names)
 
 
 class InfoNCELoss(EmbeddingLoss):
@@ -24,14 +123,29 @@ class InfoNCELoss(EmbeddingLoss):
     ``anchor, positive, negative_1..k``         none (plus every row's hard negatives as candidates)
     ==========================================  ==============================================================
 
-    Candidates are the batch's positives plus every extra negative column (hard negatives). With
-    ``symmetric=True`` the positives also pick their anchor among the batch's anchors and the two directions
-    are averaged. Equals sentence-transformers' ``MultipleNegativesRankingLoss`` (and its symmetric variant)
-    with ``scale = 1/τ`` (tested). Under torchrun the candidates are the global batch's (all-gathered).
+    Candidates are the batch's positives plus every extra negative column (hard negatives). Options, as
+    sentence-transformers' ``MultipleNegativesRankingLoss`` names them (equal on the same batch with
+    ``scale = 1/τ``, loss and gradients, tested):
+
+    - ``directions``: which similarity blocks the softmax spans (:func:`infonce_blocks`): ``query_to_doc``
+      (always; the formula above), ``doc_to_query`` (each positive picks its anchor among the batch's anchors),
+      ``query_to_query`` and ``doc_to_doc`` (same-type negatives). All four in one ``joint`` partition function
+      is GTE's improved contrastive loss (Li et al., 2023): ``directions = GTE_DIRECTIONS``.
+    - ``partition_mode``: ``joint`` (one softmax over every block, default) or ``per_direction`` (one per block,
+      averaged; only with ``query_to_doc`` / ``doc_to_query``, whose blocks hold the positive).
+    - ``symmetric = True``: shorthand for ``directions = ("query_to_doc", "doc_to_query")``, ``per_direction``
+      (sentence-transformers' ``MultipleNegativesSymmetricRankingLoss``).
+    - ``hardness_mode`` + ``hardness_strength`` α: hardness-weighted negatives, α·sg(cos) added to the logits of
+      the ``in_batch_negatives``, the ``hard_negatives`` (explicit columns) or ``all_negatives``
+      (:func:`infonce_blocks`; α = 9 in Lan et al., 2025 for in-batch, 5 in EmbeddingGemma for hard ones).
+
+    Under torchrun the candidates are the global batch's (all-gathered).
 
     Paper: van den Oord et al., 2018, "Representation Learning with Contrastive Predictive Coding"; with
     in-batch negatives for text, Henderson et al., 2017, "Efficient Natural Language Response Suggestion for
-    Smart Reply".
+    Smart Reply"; the directions, Li et al., 2023, "Towards General Text Embeddings with Multi-stage Contrastive
+    Learning"; hardness weighting, Lan et al., 2025, "LLaVE: Large Language and Vision Embedding Models with
+    Hardness-Weighted Contrastive Learning".
 
     Example:
         >>> import torch
@@ -42,26 +156,65 @@ class InfoNCELoss(EmbeddingLoss):
         >>> hard = positives.clone()  # a hard-negative column as close as the positive: -log(e / (2e + 2))
         >>> round(float(loss([anchors, positives, hard])), 4)
         1.0064
+        >>> gte = InfoNCELoss(temperature=1.0, directions=GTE_DIRECTIONS)  # + q->q, d->q, d->d: -log(e / (2e + 4))
+        >>> round(float(gte([anchors, positives])), 4)
+        1.2446
+        >>> weighted = InfoNCELoss(temperature=1.0, hardness_mode="hard_negatives", hardness_strength=1.0)
+        >>> round(float(weighted([anchors, positives, hard])), 4)  # its logit 1 + 1: -log(e / (e + e^2 + 2))
+        1.4938
     """
 
     name = "infonce"
     in_batch_negatives = True
 
-    def __init__(self, temperature: float = 0.05, symmetric: bool = False) -> None:
+    def __init__(
+        self,
+        temperature: float = 0.05,
+        symmetric: bool = False,
+        directions: str | Sequence[str] | None = None,
+        partition_mode: str | None = None,
+        hardness_mode: str | None = None,
+        hardness_strength: float = 0.0,
+    ) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
-        self.symmetric = symmetric
+        self.scale = 1.0 / self.temperature
+        self.directions = _directions(directions, symmetric)
+        if partition_mode is None:
+            partition_mode = "per_direction" if symmetric else "joint"
+        if partition_mode not in PARTITION_MODES:
+            raise ValueError(
+                f"partition_mode must be one of {', '.join(PARTITION_MODES)}, got {partition_mode!r}"
+            )
+        if partition_mode == "per_direction" and {"query_to_query", "doc_to_doc"} & set(self.directions):
+            raise ValueError(
+                "partition_mode 'per_direction' needs every block to hold the positive; 'query_to_query' and "
+                "'doc_to_doc' do not: use partition_mode 'joint' with them"
+            )
+        self.partition_mode = partition_mode
+        if hardness_mode is not None and hardness_mode not in HARDNESS_MODES:
+            raise ValueError(
+                f"hardness_mode must be one of {', '.join(HARDNESS_MODES)} or none, got {hardness_mode!r}"
+            )
+        if hardness_strength < 0 or (hardness_mode is None) != (hardness_strength == 0):
+            raise ValueError(
+                "hardness-weighted negatives need both hardness_mode and hardness_strength > 0 "
+                f"(got hardness_mode={hardness_mode!r}, hardness_strength={hardness_strength})"
+            )
+        self.hardness_mode, self.hardness_strength = hardness_mode, float(hardness_strength)
+        self.symmetric = (
+            self.directions == ("query_to_doc", "doc_to_query") and partition_mode == "per_direction"
+        )
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
-        anchors, positives = embeddings[0], embeddings[1]
-        candidates = torch.cat(embeddings[1:]) if len(embeddings) > 2 else positives
-        targets = torch.arange(len(anchors), device=anchors.device)
-        logits = cosine_matrix(anchors, candidates) / self.temperature
-        loss = F.cross_entropy(logits, targets)
-        if self.symmetric:
-            backward = cosine_matrix(positives, anchors) / self.temperature
-            loss = (loss + F.cross_entropy(backward, targets)) / 2
-        return loss
+        blocks = infonce_blocks(
+            embeddings,
+            scale=self.scale,
+            directions=self.directions,
+            hardness_mode=self.hardness_mode,
+            hardness_strength=self.hardness_strength,
+        )
+        return partitioned_loss(blocks, self.partition_mode)
 
 
 class SimCSELoss(InfoNCELoss):

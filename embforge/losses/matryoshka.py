@@ -55,7 +55,14 @@ class MatryoshkaLoss(EmbeddingLoss):
         self.dims = [int(d) for d in dims]
         self.weights = [float(w) for w in weights]
         self.name = f"matryoshka({loss.name})"
-        for attr in ("min_texts", "max_texts", "needs_labels", "repeat_single_text", "in_batch_negatives"):
+        for attr in (
+            "min_texts",
+            "max_texts",
+            "needs_labels",
+            "repeat_single_text",
+            "in_batch_negatives",
+            "guide",
+        ):
             setattr(self, attr, getattr(loss, attr))
 
     def prepare_labels(self, labels):  # noqa: ANN001, ANN201
