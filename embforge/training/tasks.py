@@ -4,7 +4,8 @@
 
 - ``inputs(rows)``: what the model forwards for those rows (texts' token ids, or tokenised pairs), read from the
   task's data (in memory, memory-mapped or streamed: :mod:`embforge.data.sources`) and tokenised per batch;
-- ``labels(rows)``: their labels (or None);
+- ``labels(rows)``: their labels (or None); for a loss that names a ``guide`` model (``gist``), the guide's
+  embeddings of those rows' texts (:class:`GuideEmbeddings`);
 - ``loss_fn(outputs, labels)``: the loss of the model's outputs for ``inputs(rows)``;
 - ``lengths``: tokens per row, computed for the rows asked for (for length-grouped batching).
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -24,16 +25,16 @@ from torch import Tensor
 
 from embforge.data.sources import RowSource
 from embforge.data.tables import DataError, Dataset
-from embforge.kinds import kind_record, load_named
+from embforge.kinds import is_single_vector, kind_record, load_any, load_named
 from embforge.losses.base import BaseLoss, EmbeddingLoss
 from embforge.losses.cross import CrossLoss
-from embforge.protocols import PairIds
+from embforge.protocols import PairIds, TextTokenizing
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from embforge.cross_encoder import CrossEncoder
-    from embforge.protocols import TextTokenizing, TrainableModel
+    from embforge.protocols import DeviceLike, Embedder, TrainableModel
 
 _Loss = TypeVar("_Loss", bound=BaseLoss)
 
@@ -136,6 +137,36 @@ class TokenLengths:
         return self._cache[1]
 
 
+class TextModel(TextTokenizing, Protocol):
+    """The model a bi-encoder task tokenises for, on its device (where a loss's guide runs too)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+
+class GuideEmbeddings:
+    """A loss's guide model (:attr:`embforge.losses.base.EmbeddingLoss.guide`: GIST's false-negative filter),
+    loaded once, frozen, and run on each batch's texts in eval mode without autograd (``encode``), each column
+    with the task's prompt: the labels the loss reads, ``(rows, columns, D_g)``. The loss never sees the model."""
+
+    def __init__(self, name: str, *, device: DeviceLike) -> None:
+        model = load_any(name, device=device)
+        if not is_single_vector(model):
+            raise ValueError(
+                f"guide {name!r} must be a dense or static embedding model (one vector per text)"
+            )
+        for weight in model.parameters():  # frozen: encode() runs without autograd, and nothing may train it
+            weight.requires_grad_(False)
+        self.model: Embedder = model
+
+    def __call__(self, columns: Sequence[list[str]], prefixes: Sequence[str]) -> Tensor:
+        parts = [
+            self.model.encode(texts, batch_size=len(texts), prompt=prefix, show_progress=False)
+            for texts, prefix in zip(columns, prefixes)
+        ]
+        return torch.from_numpy(np.stack(parts, axis=1))
+
+
 class PreparedEmbeddingTask:
     """A bi-encoder task ready to batch: its rows are fetched and tokenised per batch (``inputs(rows)``).
 
@@ -144,7 +175,7 @@ class PreparedEmbeddingTask:
     tokenised ahead, so a corpus of any size costs no time or memory before the first step.
     """
 
-    def __init__(self, task: Task, model: TextTokenizing) -> None:
+    def __init__(self, task: Task, model: TextModel) -> None:
         self.loss = checked_loss(
             task,
             EmbeddingLoss,
@@ -155,6 +186,9 @@ class PreparedEmbeddingTask:
         self.copies = 2 if task.loss.repeat_single_text else 1
         self.rows = _RowBatches(task)
         self.lengths = TokenLengths(self)
+        self.guide = (
+            None if self.loss.guide is None else GuideEmbeddings(self.loss.guide, device=model.device)
+        )
 
     def tokenize(self, column: int, texts: list[str]) -> list[list[int]]:
         """Token ids of ``texts`` of text column ``column`` (its prompt prefixed); the first column is the query
@@ -170,6 +204,9 @@ class PreparedEmbeddingTask:
         return [ids for column in self.column_ids(rows) for ids in column]
 
     def labels(self, rows: Sequence[int]) -> Tensor | None:
+        if self.guide is not None:  # the guide's embeddings of the rows' texts (gist)
+            batch = self.rows.fetch(rows)
+            return self.guide([batch[c] for c in self.names], self.prefixes)
         return self.rows.batch_labels(rows)
 
     def row_lengths(self, rows: Sequence[int]) -> list[int]:
