@@ -11,6 +11,7 @@ a folder, in every verb. The old spellings (``--index KIND`` in ``eval retrieval
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +60,8 @@ def _register_eval(evals: argparse._SubParsersAction) -> None:
     _add_data(ev, default_split=None)
     ev.add_argument("--metrics", default=None, help="comma list, e.g. ndcg@10,mrr@10,recall@100")
     add_index_kind_arg(ev, old="--index", note="; multi-vector models: exact or plaid; sparse: inverted")
+    pool = "multi-vector models: pool each document's token vectors to about 1/F (pylate's pool_factor; default 1)"
+    ev.add_argument("--pool-factor", type=number(1), metavar="F", help=pool)
     add_corpus_cache_arg(ev)
     add_batch_size_arg(ev)
     ev.add_argument(
@@ -220,6 +223,11 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
     # or plaid, SPLADE's inverted index), in one process
     record = folder_record(args.model)
     own = record.evaluator("retrieval")
+    pooled = {} if args.pool_factor is None else {"index_options": {"pool_factor": args.pool_factor}}
+    if pooled and (own is None or "index_options" not in inspect.signature(own).parameters):
+        raise ValueError(
+            f"--pool-factor pools a multi-vector model's token vectors; {args.model} is {record.description}"
+        )
     if own is not None:
         scores = own(
             load_any(args.model, max_seq_length=args.max_seq_length),
@@ -228,6 +236,7 @@ def run_eval(args: argparse.Namespace) -> Mapping[str, object] | None:
             batch_size=args.batch_size,
             index=args.index_kind,
             show_progress=True,
+            **pooled,
         )
         return {**scores, **report}
     check_kind(args.index_kind)

@@ -16,6 +16,12 @@ name               data (text columns + labels)                formula (``S`` = 
                    ``(n, m)``                                   \,\|\,\mathrm{softmax}(S/\tau_s))`
 =================  ==========================================  ================================================
 
+Token-pooling-aware training: every loss here takes ``pool_factor`` (``--loss-option pool_factor=4``; 1, the
+default, is off). Above 1, the document columns (all but the first, the queries) are pooled as an index pooled at
+that factor will hold them (:func:`~embforge.multivector.pooling.pool_padded`: Ward clusters of each document's
+token vectors, computed without gradient, replaced by their means, which keep it) before MaxSim, so the model
+learns for the pooled index it will be searched through.
+
 Example:
     >>> import torch
     >>> q = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])   # two one-token queries
@@ -31,10 +37,25 @@ from torch import Tensor
 
 from embforge.losses.base import EmbeddingLoss, check_temperature
 from embforge.losses.distill import KLTemperatures, margin_mse
+from embforge.multivector.pooling import check_pool_factor, pool_padded
 from embforge.multivector.scoring import maxsim, maxsim_pairwise
 
 
-class MaxSimInfoNCELoss(EmbeddingLoss):
+class MaxSimLoss(EmbeddingLoss):
+    """Base of the losses here: ``pool_factor`` above 1 pools the document columns (every column after the
+    first) before :meth:`forward` sees them (see the module docstring); 1 leaves them as they are."""
+
+    def __init__(self, *, pool_factor: float = 1) -> None:
+        super().__init__()
+        self.pool_factor = check_pool_factor(pool_factor)
+
+    def __call__(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
+        if self.pool_factor != 1 and len(embeddings) > 1:
+            embeddings = [embeddings[0], *(pool_padded(e, self.pool_factor) for e in embeddings[1:])]
+        return super().__call__(embeddings, labels)
+
+
+class MaxSimInfoNCELoss(MaxSimLoss):
     r"""InfoNCE over MaxSim scores with in-batch and mined negatives (``infonce`` for multi-vector models).
 
     .. math::
@@ -66,8 +87,8 @@ class MaxSimInfoNCELoss(EmbeddingLoss):
     name = "infonce"
     in_batch_negatives = True
 
-    def __init__(self, temperature: float = 1.0) -> None:
-        super().__init__()
+    def __init__(self, temperature: float = 1.0, *, pool_factor: float = 1) -> None:
+        super().__init__(pool_factor=pool_factor)
         self.temperature = check_temperature(temperature)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
@@ -76,7 +97,7 @@ class MaxSimInfoNCELoss(EmbeddingLoss):
         return F.cross_entropy(maxsim(queries, candidates) / self.temperature, targets)
 
 
-class CandidateScoresLoss(EmbeddingLoss):
+class CandidateScoresLoss(MaxSimLoss):
     """Base of the teacher-score losses here: each row's query is scored (MaxSim) against its own candidate
     columns, ``(n, columns - 1)``, and :meth:`from_scores` compares those scores with the teacher's labels."""
 
@@ -146,6 +167,18 @@ class MaxSimKLDistillLoss(KLTemperatures, CandidateScoresLoss):
     """
 
     name = "kl_distill"
+
+    def __init__(
+        self,
+        temperature: float | None = None,
+        student_temperature: float | None = None,
+        teacher_temperature: float | None = None,
+        scale: float | None = None,
+        *,
+        pool_factor: float = 1,
+    ) -> None:
+        super().__init__(temperature, student_temperature, teacher_temperature, scale)
+        self.pool_factor = check_pool_factor(pool_factor)
 
     def from_scores(self, scores: Tensor, labels: Tensor) -> Tensor:
         return self.kl(scores, labels.reshape(scores.shape[0], -1))

@@ -41,6 +41,7 @@ from embforge.modeling.packing import packed_hidden, supports_packing
 from embforge.modeling.padding import BLOCK_TOKENS, CHUNK_TOKENS, in_length_chunks, pad_ids, sort_by_length
 from embforge.modeling.tokenizing import Tokenized
 from embforge.multivector.folder import ColBERTParts, ColBERTSettings, read_multivector, save_multivector
+from embforge.multivector.pooling import check_pool_factor, pool_documents
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -237,8 +238,14 @@ class MultiVectorEncoder(Tokenized, TextModule):
         is_query: bool = False,
         batch_size: int = 32,
         prompt: str | None = None,
+        pool_factor: float = 1,
     ) -> list[np.ndarray]:
-        """Each text's token vectors ``(tokens, dim)`` float32 (masked tokens dropped), in the input order."""
+        """Each text's token vectors ``(tokens, dim)`` float32 (masked tokens dropped), in the input order.
+
+        ``pool_factor`` above 1 pools each document's vectors to about ``1 / pool_factor`` of them
+        (:mod:`embforge.multivector.pooling`, pylate's ``pool_factor``); queries are never pooled."""
+        if is_query and check_pool_factor(pool_factor) != 1:
+            raise ValueError("pool_factor pools documents' token vectors; queries are not pooled (use 1)")
         batch = [texts] if isinstance(texts, str) else list(texts)
         ids = self.tokenize_ids(batch, is_query=is_query, prefix=prompt or "")
         out: list[np.ndarray] = [np.zeros((0, self.dim), np.float32)] * len(ids)
@@ -252,7 +259,7 @@ class MultiVectorEncoder(Tokenized, TextModule):
                 kept = matrices.abs().sum(-1) > 0
                 for row, matrix, mask in zip(rows, matrices.cpu().numpy(), kept.cpu().numpy()):
                     out[row] = matrix[mask]
-        return out
+        return pool_documents(out, pool_factor)
 
     def encode_padded(
         self, texts: Sequence[str], *, is_query: bool = False, batch_size: int = 32

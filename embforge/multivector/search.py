@@ -5,6 +5,8 @@ Both take each document's token matrix (``(tokens, dim)``, masked tokens already
 each query matrix with their MaxSim scores.
 
 - ``exact``: every query against every document (:func:`~embforge.multivector.scoring.maxsim_topk`), in blocks.
+- ``pool_factor`` (an option of either): each document's token vectors are pooled before they are indexed
+  (:mod:`embforge.multivector.pooling`; 2 keeps about half of them).
 - ``plaid``: Santhanam et al., 2022 ("PLAID: An Efficient Engine for Late Interaction Retrieval") through the
   ``fast-plaid`` library: token vectors are clustered (k-means centroids) and stored as centroid + 4-bit residual
   codes; a query probes its tokens' nearest centroids, prunes candidates by centroid interaction, and re-scores
@@ -25,6 +27,7 @@ import torch
 
 from embforge._optional import require
 from embforge.multivector.model import pad_matrices
+from embforge.multivector.pooling import check_pool_factor, pool_documents
 from embforge.multivector.scoring import maxsim_topk
 
 MULTIVECTOR_INDEXES = ("exact", "plaid")
@@ -116,10 +119,43 @@ class PlaidIndex:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
+class PooledIndex:
+    """An index whose documents are pooled as they are added (:func:`~embforge.multivector.pooling.pool_documents`,
+    hierarchical clustering: about ``1 / pool_factor`` of each document's token vectors); queries are not."""
+
+    def __init__(self, inner: MultiVectorIndex, pool_factor: object) -> None:
+        self.inner, self.pool_factor = inner, check_pool_factor(pool_factor)
+        self.vectors = 0  # token vectors indexed (after pooling)
+
+    def add(self, ids: Sequence[str], matrices: Sequence[np.ndarray]) -> None:
+        pooled = pool_documents(matrices, self.pool_factor)
+        self.vectors += sum(len(m) for m in pooled)
+        self.inner.add(ids, pooled)
+
+    def search(self, queries: Sequence[np.ndarray], k: int) -> tuple[np.ndarray, list[list[str]]]:
+        return self.inner.search(queries, k)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)  # only PLAID keeps files
+        if close is not None:
+            close()
+
+
 def create_multivector_index(kind: str, **options: object) -> MultiVectorIndex:
-    """``exact`` or ``plaid`` (options: :class:`PlaidIndex`'s)."""
+    """``exact`` or ``plaid`` (options: :class:`PlaidIndex`'s); the option ``pool_factor`` above 1 pools the
+    documents (:class:`PooledIndex`)."""
+    pool_factor = check_pool_factor(options.pop("pool_factor", 1))
+    index: MultiVectorIndex
     if kind == "exact":
-        return ExactMaxSimIndex()
-    if kind == "plaid":
-        return PlaidIndex(**options)  # type: ignore[arg-type]
-    raise ValueError(f"unknown multi-vector index {kind!r}; choose one of {', '.join(MULTIVECTOR_INDEXES)}")
+        if options:
+            raise ValueError(
+                f"the exact MaxSim index takes no options besides pool_factor, got {sorted(options)}"
+            )
+        index = ExactMaxSimIndex()
+    elif kind == "plaid":
+        index = PlaidIndex(**options)  # type: ignore[arg-type]
+    else:
+        raise ValueError(
+            f"unknown multi-vector index {kind!r}; choose one of {', '.join(MULTIVECTOR_INDEXES)}"
+        )
+    return index if pool_factor == 1 else PooledIndex(index, pool_factor)
