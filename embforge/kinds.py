@@ -81,7 +81,8 @@ class KindRecord:
         pair_scoring: Scores pairs of texts (a cross-encoder): it embeds nothing, has no ``dim``.
         matryoshka: Its losses can be wrapped at several dimensions (``matryoshka_dims``).
         lora: Whether LoRA adapters train on it (its folder can hold them).
-        mergeable: Whether ``embforge merge`` averages its weights.
+        merge_settings: The model's attributes that ``embforge merge`` requires equal across the models it merges
+            (besides the weights' names and shapes, the vocabulary and the saved sentence-transformers settings).
         st_model_types: ``config_sentence_transformers.json`` ``model_type`` values declaring the kind.
         st_first_module: A ``modules.json`` first module declaring the kind (static: ``StaticEmbedding``).
         card: ``card(folder) -> facts`` of its model-card section (:mod:`embforge.training.kind_cards`); ``None``:
@@ -107,7 +108,7 @@ class KindRecord:
     pair_scoring: bool = False
     matryoshka: bool = True
     lora: bool = True
-    mergeable: bool = False
+    merge_settings: tuple[str, ...] = ()
     st_model_types: tuple[str, ...] = ()
     st_first_module: str | None = None
     card: str | None = None
@@ -175,7 +176,7 @@ KINDS: dict[ModelKind, KindRecord] = {
             serving="embforge.serve.dense:DenseServing",
             exportable=True,
             single_vector=True,
-            mergeable=True,
+            merge_settings=("pooling", "normalize", "max_seq_length", "prompts", "default_prompt_name"),
             st_model_types=("SentenceTransformer",),
         ),
         KindRecord(
@@ -192,6 +193,7 @@ KINDS: dict[ModelKind, KindRecord] = {
             exportable=True,
             pair_scoring=True,
             matryoshka=False,
+            merge_settings=("max_seq_length", "activation", "num_labels"),
             st_model_types=("CrossEncoder",),
         ),
         KindRecord(
@@ -209,6 +211,7 @@ KINDS: dict[ModelKind, KindRecord] = {
                 f"{_NO_ONNX}, or export it with pylate's own tools"
             ),
             matryoshka=False,
+            merge_settings=("settings", "prompts"),  # ColBERTSettings: markers, lengths, skiplist
             st_model_types=("MultiVectorEncoder", "ColBERT"),  # ColBERT: pylate's folders
             card="embforge.training.kind_cards:multivector_card",
         ),
@@ -229,6 +232,14 @@ KINDS: dict[ModelKind, KindRecord] = {
                 f"{_NO_ONNX}, or export it with sentence-transformers' SparseEncoder(backend='onnx')"
             ),
             lora=False,  # its folder holds no adapters
+            merge_settings=(
+                "pooling",
+                "activation",
+                "max_seq_length",
+                "prompts",
+                "default_prompt_name",
+                "inference_free",
+            ),
             st_model_types=("SparseEncoder",),
             card="embforge.training.kind_cards:sparse_card",
         ),
@@ -243,6 +254,7 @@ KINDS: dict[ModelKind, KindRecord] = {
             ),
             single_vector=True,
             lora=False,  # its folder holds no adapters
+            merge_settings=("normalize", "max_seq_length", "prompts", "default_prompt_name"),
             st_first_module="StaticEmbedding",  # sentence-transformers' static models say SentenceTransformer
             card="embforge.training.kind_cards:static_card",
         ),

@@ -1,85 +1,119 @@
-r"""Model merging: linear interpolation / checkpoint averaging, task arithmetic and TIES, on same-architecture models.
+r"""Model merging for every model kind: load folders of one kind, check they agree, merge their weights, save.
 
-Every method computes, for each weight tensor, per-model coefficients :math:`c_i` (scalars or element-wise masks)
-and writes :math:`\theta = c_0\,\theta_{base} + \sum_i c_i\,\theta_i` with :math:`c_0 = 1 - \sum_i c_i`, which
-is exact at the end points (weight 0 or 1 gives the input's tensors bit for bit):
+Dense, cross-encoder, multi-vector (ColBERT: backbone + projection), sparse (SPLADE: an MLM head) and static (a
+token table) folders merge the same way: each folder is loaded by its kind's model class (the registry record,
+:func:`embforge.kinds.folder_record`), the models' state dicts are merged weight by weight
+(:func:`embforge.merging.state.merge_state_dicts`) and the first model, holding the merged weights, is saved by its
+class. What a kind needs besides its weights is data on its record: ``merge_settings`` names the attributes that
+must agree (pooling, normalisation, activation, ColBERT's markers and lengths ...).
 
-===================  ======================================================================================
-method               merged weights
-===================  ======================================================================================
-``linear``           :math:`\sum_i w_i \theta_i` with :math:`\sum_i w_i = 1` (equal weights: checkpoint
-                     averaging); no base
-``task_arithmetic``  :math:`\theta_{base} + \sum_i w_i (\theta_i - \theta_{base})` (Ilharco et al., 2023)
-``ties``             task vectors :math:`\tau_i = \theta_i - \theta_{base}` trimmed to their top ``density``
-                     fraction by magnitude (per tensor), a sign elected per entry
-                     :math:`\gamma = \mathrm{sign}(\sum_i w_i \hat\tau_i)`, and only agreeing entries added:
-                     :math:`\theta_{base} + \sum_i w_i \hat\tau_i [\mathrm{sign}(\hat\tau_i) = \gamma]`
-                     (Yadav et al., 2023, with the per-model weights as the scaling)
-===================  ======================================================================================
+Methods (mergekit's definitions; formulas in :mod:`embforge.merging.methods`):
+
+===================  ====================================================================================
+``linear``           :math:`\sum_i w_i\theta_i`, :math:`\sum_i w_i = 1` (equal weights: checkpoint averaging)
+``slerp``            spherical interpolation between two models at :math:`t = w_2`, per tensor
+``task_arithmetic``  :math:`\theta_{base} + \sum_i w_i(\theta_i - \theta_{base})` (Ilharco et al., 2023)
+``ties``             trimmed (``density``), sign-elected task vectors (Yadav et al., 2023)
+``dare_linear``      task vectors' entries dropped with probability 1 - ``density``, the rest rescaled by
+                     1/``density`` (Yu et al., 2024; seeded)
+``dare_ties``        DARE's drop-and-rescale, then TIES's sign election
+``model_stock``      :math:`\theta_{base} + t(\bar\theta - \theta_{base})`, :math:`t` from the angle between
+                     the task vectors (Jang et al., 2024; two or more models, no weights)
+===================  ====================================================================================
 
 With one fine-tuned model and its base, ``task_arithmetic`` at weight ``w`` is ``linear`` with weights
-``(1-w, w)``; ``ties`` differs by trimming the small entries of the task vector.
+``(1-w, w)``. ``layer_scaling=alpha`` (LiNeS) keeps shallow layers nearer the base (:mod:`embforge.merging.state`).
 
-``layer_scaling=alpha`` (``--layer-scaling``, methods with a base) scales each tensor's task-vector coefficients by
-its depth, as LiNeS does (Wang et al., 2025): :math:`\alpha + (1-\alpha)\,d` with :math:`d = 0` for the
-embeddings, :math:`(\ell+1)/L` for layer :math:`\ell` of :math:`L` and 1 for what follows the last layer (pooler,
-final norm, Dense). Shallow layers, which hold the general features, stay near the base (what fine-tuning on
-one task should not overwrite), the top layers take the full task vector.
-
-What decides the output besides the weights — pooling, normalisation, the Dense projection's shape,
-``max_seq_length``, prompts, similarity function and Matryoshka settings (``config_sentence_transformers.json``
-keys) — is carried over and must agree across the inputs (an error names the first disagreement).
+What decides the output besides the weights — the record's ``merge_settings``, the tokenizer's vocabulary and the
+``config_sentence_transformers.json`` keys (prompts, similarity function, Matryoshka settings) — must agree across
+the inputs (an error names the first disagreement) and is carried over.
 
 Example:
-    >>> merged = merge_models(["runs/sts", "runs/nli"], [0.5, 0.5])  # doctest: +SKIP
-    >>> merged.save("runs/merged")  # doctest: +SKIP
+    >>> merger = Merger(["runs/sts", "runs/nli"], method="dare_ties", base="all-MiniLM-L6-v2", density=0.5)  # doctest: +SKIP
+    >>> model = merger.merge([0.5, 0.5])  # doctest: +SKIP
+    >>> merger.save("runs/merged", recipe={"method": "dare_ties"})  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
-import torch
 from torch import Tensor
 
-from embforge.encoder import Encoder
 from embforge.kinds import folder_kind, kind_record
+from embforge.merging.methods import trim_top
+from embforge.merging.records import METHODS, merge_method
+from embforge.merging.state import (
+    check_recipe,
+    layer_depths,
+    layer_scales,
+    merge_state_dicts,
+    share_clones,
+)
 from embforge.modeling.resolve import resolve_model_path
 from embforge.modeling.st_folder import ST_CONFIG_FILE, read_st_config, write_json
+from embforge.protocols import TrainableModel
 
 if TYPE_CHECKING:
     from embforge.protocols import ModelPath
 
-METHODS = ("linear", "task_arithmetic", "ties")
+__all__ = [
+    "METHODS",
+    "Merger",
+    "check_compatible",
+    "layer_depths",
+    "layer_scales",
+    "merge_state_dicts",
+    "model_settings",
+    "sweep_weights",
+    "trim_top",
+]
+
 # keys of config_sentence_transformers.json that change what a model outputs (carried over, must agree)
 _ST_KEYS = ("prompts", "default_prompt_name", "similarity_fn_name", "truncate_dim", "matryoshka_dims")
 
 
-def model_settings(model: Encoder, folder: str | os.PathLike | None = None) -> dict[str, object]:
-    """What must agree between merged models, besides the weights' names and shapes."""
-    settings: dict[str, object] = {
-        "pooling": model.pooling,
-        "normalize": model.normalize,
-        "max_seq_length": model.max_seq_length,
-        "dense": None if model.dense is None else (model.dense.in_features, model.dense.out_features),
-        "architecture": type(model.backbone).__name__,
-    }
+class _Vocabulary(Protocol):
+    def get_vocab(self) -> Mapping[str, int]: ...
+
+
+class MergeableModel(TrainableModel, Protocol):
+    """A model of any kind as merging uses it: weights in and out, a tokenizer, saved as a folder."""
+
+    tokenizer: _Vocabulary
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Tensor], strict: bool = True, assign: bool = False
+    ) -> object:
+        """Replace the weights."""
+
+
+def model_settings(model: MergeableModel, folder: ModelPath | None = None) -> dict[str, object]:
+    """What must agree between merged models, besides the weights' names and shapes: the kind, the attributes its
+    record names (``merge_settings``), the vocabulary and the folder's sentence-transformers settings."""
+    record = kind_record(model)
+    settings: dict[str, object] = {"kind": record.kind.value}
+    settings.update({name: getattr(model, name) for name in record.merge_settings})
+    vocab = sorted(model.tokenizer.get_vocab().items())
+    digest = hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:12]
+    settings["vocabulary"] = f"{len(vocab)} tokens, sha256 {digest}"
     extra = _st_config(folder)
-    settings.update({key: extra.get(key) for key in _ST_KEYS})
+    for key in _ST_KEYS:
+        settings.setdefault(key, extra.get(key))
     settings["similarity_fn_name"] = (
-        extra.get("similarity_fn_name") or "cosine"
+        settings["similarity_fn_name"] or "cosine"
     )  # sentence-transformers' default
-    settings["prompts"] = extra.get("prompts") or model.prompts or {}
-    settings["default_prompt_name"] = extra.get("default_prompt_name", model.default_prompt_name)
+    settings["prompts"] = settings["prompts"] or {}
     return settings
 
 
-def _st_config(folder: ModelPath | None) -> dict[str, Any]:
-    return {} if folder is None else read_st_config(resolve_model_path(folder))
+def _st_config(folder: ModelPath | None) -> dict[str, object]:
+    return {} if folder is None else dict(read_st_config(resolve_model_path(folder)))
 
 
 def check_compatible(settings: Sequence[dict[str, object]], names: Sequence[str]) -> dict[str, object]:
@@ -90,184 +124,70 @@ def check_compatible(settings: Sequence[dict[str, object]], names: Sequence[str]
             if other.get(key) != value:
                 raise ValueError(
                     f"cannot merge: {key} differs ({names[0]}: {value!r}, {name}: {other.get(key)!r}); "
-                    "merged models must share pooling, normalisation, projection, max_seq_length, prompts "
-                    "and Matryoshka settings"
+                    "merged models must be of one kind and share their vocabulary, pooling, normalisation, "
+                    "max_seq_length, prompts and similar settings"
                 )
     return first
-
-
-def trim_top(tensor: Tensor, density: float) -> Tensor:
-    """A 0/1 mask of the ``density`` fraction of entries of largest magnitude (ties broken by position)."""
-    if density >= 1.0:
-        return torch.ones_like(tensor, dtype=torch.bool)
-    flat = tensor.reshape(-1).abs()
-    keep = max(1, round(density * flat.numel())) if flat.numel() else 0
-    mask = torch.zeros(flat.numel(), dtype=torch.bool, device=tensor.device)
-    if keep:
-        mask[torch.topk(flat, keep, sorted=False).indices] = True
-    return mask.reshape(tensor.shape)
-
-
-_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
-
-
-def layer_depths(keys: Sequence[str]) -> dict[str, float]:
-    """Each weight's depth in [0, 1]: embeddings 0, layer ``l`` of ``L`` ``(l+1)/L``, what follows the layers 1."""
-    index = {k: int(m.group(1)) for k in keys if (m := _LAYER.search(k))}
-    if not index:
-        raise ValueError("layer scaling: no numbered layers (`layer.N.` / `layers.N.`) in the weights' names")
-    layers = max(index.values()) + 1
-    return {k: (index[k] + 1) / layers if k in index else 0.0 if "embed" in k else 1.0 for k in keys}
-
-
-def layer_scales(keys: Sequence[str], alpha: float) -> dict[str, float]:
-    """LiNeS: each weight's share of its task vector, ``alpha + (1 - alpha) * depth`` (:func:`layer_depths`)."""
-    return {k: alpha + (1 - alpha) * d for k, d in layer_depths(keys).items()}
-
-
-def merge_state_dicts(
-    states: Sequence[dict[str, Tensor]],
-    weights: Sequence[float],
-    *,
-    method: str = "linear",
-    base: dict[str, Tensor] | None = None,
-    density: float = 0.2,
-    layer_scaling: float | None = None,
-) -> dict[str, Tensor]:
-    """Merge state dicts of one architecture (see the module docstring for the formulas).
-
-    Args:
-        states: The models' state dicts (same keys and shapes).
-        weights: One weight per model.
-        method: ``linear``, ``task_arithmetic`` or ``ties``.
-        base: The base model's state dict (needed by ``task_arithmetic`` and ``ties``).
-        density: ``ties``: fraction of each task vector's entries kept (by magnitude).
-        layer_scaling: ``alpha`` of the depth scaling of the task vectors (``None``: off; needs a base).
-    """
-    if method not in METHODS:
-        raise ValueError(f"unknown merge method {method!r}; choose one of {', '.join(METHODS)}")
-    if len(weights) != len(states):
-        raise ValueError(f"{len(states)} models but {len(weights)} weights")
-    if method == "linear":
-        if base is not None:
-            raise ValueError("linear merging takes no base model; use task_arithmetic or ties with --base")
-        if abs(sum(weights) - 1.0) > 1e-6:
-            raise ValueError(
-                f"linear merging needs weights that sum to 1, got {list(weights)} (sum {sum(weights):g})"
-            )
-    elif base is None:
-        raise ValueError(f"{method} merging needs the base model the others were fine-tuned from (--base)")
-    if not 0 < density <= 1:
-        raise ValueError(f"density must be in (0, 1], got {density}")
-    if layer_scaling is not None and (base is None or not 0 <= layer_scaling <= 1):
-        raise ValueError(f"layer scaling needs a base model and an alpha in [0, 1], got {layer_scaling}")
-    reference = base if base is not None else states[0]
-    scale = layer_scales(list(reference), layer_scaling) if layer_scaling is not None else {}
-    for i, state in enumerate(states):
-        if state.keys() != reference.keys():
-            missing = sorted(set(reference) ^ set(state))[:3]
-            raise ValueError(f"model {i + 1} has different weights than the others (e.g. {missing})")
-    merged: dict[str, Tensor] = {}
-    for key, ref in reference.items():
-        tensors = [state[key] for state in states]
-        for i, t in enumerate(tensors):
-            if t.shape != ref.shape:
-                raise ValueError(
-                    f"{key}: model {i + 1} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
-                )
-        if not ref.is_floating_point():  # integer buffers (position ids): must be equal, copied
-            if any(not torch.equal(t, ref) for t in tensors):
-                raise ValueError(f"{key}: the integer buffer differs between models; they cannot be merged")
-            merged[key] = ref.clone()
-            continue
-        coefficients = _coefficients(
-            tensors, weights, method, base[key] if base is not None else None, density
-        )
-        if layer_scaling is not None:
-            coefficients = [c * scale[key] for c in coefficients]
-        out = sum(
-            (c * t.float() for c, t in zip(coefficients, tensors)), torch.zeros_like(ref, dtype=torch.float32)
-        )
-        if base is not None:
-            rest = 1.0 - sum(coefficients, torch.zeros_like(ref, dtype=torch.float32))
-            out = rest * base[key].float() + out
-        merged[key] = out.to(ref.dtype)
-    return merged
-
-
-def _coefficients(
-    tensors: Sequence[Tensor], weights: Sequence[float], method: str, base: Tensor | None, density: float
-) -> list[Tensor | float]:
-    if method != "ties":
-        return [float(w) for w in weights]
-    assert base is not None
-    taus = [t.float() - base.float() for t in tensors]
-    kept = [trim_top(tau, density) for tau in taus]
-    elected = torch.sign(
-        sum((w * tau * k for w, tau, k in zip(weights, taus, kept)), torch.zeros_like(taus[0]))
-    )
-    return [
-        w * (k & (torch.sign(tau) == elected) & (elected != 0)).float()
-        for w, tau, k in zip(weights, taus, kept)
-    ]
 
 
 class Merger:
     """Load the models (and ``base``) once, check their settings agree, and merge them at any weights.
 
     Args:
-        models: Model folders (or aliases), same architecture.
-        method: ``linear``, ``task_arithmetic`` or ``ties``.
-        base: The base model (``task_arithmetic``, ``ties``).
-        density: ``ties``: fraction of each task vector kept.
+        models: Model folders (or aliases) of one kind and architecture.
+        method: A name of :data:`~embforge.merging.records.METHODS` (``linear``, ``slerp``, ``task_arithmetic``,
+            ``ties``, ``dare_linear``, ``dare_ties``, ``model_stock``).
+        base: The base model (the methods on task vectors).
+        density: ``ties``: fraction of each task vector kept; ``dare_*``: probability of keeping an entry.
         layer_scaling: ``alpha`` of the depth scaling of the task vectors (LiNeS; ``None``: off).
+        seed: ``dare_*``: the seed of the random drops.
     """
 
     def __init__(
         self,
-        models: Sequence[str | os.PathLike],
+        models: Sequence[ModelPath],
         *,
         method: str = "linear",
-        base: str | os.PathLike | None = None,
+        base: ModelPath | None = None,
         density: float = 0.2,
         layer_scaling: float | None = None,
+        seed: int = 0,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown merge method {method!r}; choose one of {', '.join(METHODS)}")
-        if method == "linear" and len(models) < 2:
-            raise ValueError("linear merging needs two or more models")
-        if method != "linear" and (base is None or not models):
-            raise ValueError(f"{method} merging needs one or more fine-tuned models and their base (--base)")
-        _refuse_other_kinds([*models, *([base] if base is not None else [])])
-        loaded = [Encoder.load(m) for m in models]
-        base_model = Encoder.load(base) if base is not None else None
-        everything = loaded + ([base_model] if base_model is not None else [])
-        folders = [*models, *([base] if base is not None else [])]
-        self.settings = check_compatible(
-            [model_settings(m, f) for m, f in zip(everything, folders)], list(map(str, folders))
+        self.record = merge_method(method)
+        check_recipe(
+            self.record,
+            len(models),
+            None,
+            has_base=base is not None,
+            density=density,
+            layer_scaling=layer_scaling,
         )
-        self.method, self.density, self.layer_scaling = method, density, layer_scaling
+        folders = [*models, *([base] if base is not None else [])]
+        loaded = [_load(f, folders) for f in folders]
+        self.settings = check_compatible(
+            [model_settings(m, f) for m, f in zip(loaded, folders)], list(map(str, folders))
+        )
+        self.carried = {k: v for k, v in _st_config(folders[0]).items() if k in _ST_KEYS and v is not None}
+        self.method, self.density, self.layer_scaling, self.seed = method, density, layer_scaling, seed
         self.names = [str(m) for m in models]
-        self.states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in loaded]
-        self.base = None if base_model is None else base_model.state_dict()
+        self.states = [share_clones(m.state_dict()) for m in loaded[: len(models)]]
+        self.base = None if base is None else dict(loaded[-1].state_dict())
         self.model = loaded[0]
-        prompts, default = self.settings["prompts"], self.settings["default_prompt_name"]
-        self.model.prompts = dict(prompts) if isinstance(prompts, dict) else {}
-        self.model.default_prompt_name = default if isinstance(default, str) else None
 
-    def merge(self, weights: Sequence[float] | None = None) -> Encoder:
-        """The merged model at ``weights`` (``None``: equal weights, i.e. checkpoint averaging for ``linear``).
+    def merge(self, weights: Sequence[float] | None = None) -> MergeableModel:
+        """The merged model at ``weights`` (``None``: equal weights, i.e. checkpoint averaging for ``linear``; the
+        only choice for ``model_stock``).
 
-        The same :class:`Encoder` object is returned on every call, with its weights replaced.
+        The same model object is returned on every call, with its weights replaced.
         """
-        weights = list(weights) if weights is not None else [1.0 / len(self.states)] * len(self.states)
         merged = merge_state_dicts(
             self.states,
-            weights,
+            None if weights is None else list(weights),
             method=self.method,
             base=self.base,
             density=self.density,
             layer_scaling=self.layer_scaling,
+            seed=self.seed,
         )
         self.model.load_state_dict(merged)
         return self.model
@@ -277,28 +197,32 @@ class Merger:
         out = Path(path)
         self.model.save(out)
         config = read_st_config(out)
-        config.update({k: self.settings[k] for k in _ST_KEYS if self.settings.get(k) is not None})
+        config.update(self.carried)
         if recipe is not None:
             config["embforge_merge"] = recipe
         write_json(out / ST_CONFIG_FILE, config)
         return out
 
 
+def _load(folder: ModelPath, folders: Sequence[ModelPath]) -> MergeableModel:
+    """``folder`` loaded by the class of the kind it declares; a folder that declares none (a plain Hugging Face
+    folder, e.g. the base of a sparse model) as the kind the first declaring folder of the merge has."""
+    kinds = [folder_kind(f) for f in folders]
+    kind = folder_kind(folder) or next((k for k in kinds if k is not None), "dense")
+    model: MergeableModel = kind_record(kind).model_cls().load(folder)
+    return model
+
+
 def sweep_weights(n_models: int, method: str, w: float) -> list[float]:
-    """The weights a one-number sweep means: ``(1-w, w)`` for two linear models, ``w`` for every task vector."""
-    if method == "linear":
+    """The weights a one-number sweep means: ``(1-w, w)`` between two models (``linear``, ``slerp``), ``w`` for
+    every task vector (the methods with a base)."""
+    record = merge_method(method)
+    if record.weights == "none":
+        raise ValueError(f"{method} merging has no weight to choose: drop --choose-on")
+    if record.weights == "sum_to_one":
         if n_models != 2:
-            raise ValueError("--choose-on with linear merging sweeps the weight between exactly two models")
+            raise ValueError(
+                f"--choose-on with {method} merging sweeps the weight between exactly two models"
+            )
         return [1.0 - w, w]
     return [w] * n_models
-
-
-def _refuse_other_kinds(folders: Sequence[str | os.PathLike]) -> None:
-    """Merging averages dense bi-encoders' weights; other kinds (sparse, static, ...) get a clear error."""
-    for folder in folders:
-        kind = folder_kind(folder)
-        if kind is not None and not kind_record(kind).mergeable:
-            raise ValueError(
-                f"{folder} is a {kind.value} model: embforge merge combines dense bi-encoders (sentence-transformers "
-                "folders) only"
-            )

@@ -125,7 +125,9 @@ def test_errors(folders: tuple[Path, Path, Path], tmp_path: Path) -> None:
     assert Merger([a, plain]).settings["similarity_fn_name"] == "cosine"
     with pytest.raises(ValueError, match="sum to 1"):
         Merger([a, b]).merge([0.5, 0.6])
-    with pytest.raises(ValueError, match="needs one or more fine-tuned models and their base"):
+    with pytest.raises(
+        ValueError, match=r"ties merging needs 1 or more fine-tuned models and their base \(--base\)"
+    ):
         Merger([a, b], method="ties")
 
 

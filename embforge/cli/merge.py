@@ -1,4 +1,5 @@
-"""``embforge merge``: merge same-architecture models (linear / checkpoint averaging, task arithmetic, TIES).
+"""``embforge merge``: merge same-architecture models of any kind (dense, cross-encoder, multi-vector, sparse,
+static) by linear interpolation / checkpoint averaging, SLERP, task arithmetic, TIES, DARE or Model Stock.
 
 With ``--choose-on SPEC`` the weight is swept over ``--grid`` and chosen on a dev mix of embforge's own evaluators
 (e.g. ``sts:stsb-dev,retrieval:scifact-dev``); the table it chose from is printed (stderr) and returned.
@@ -9,8 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 from embforge.cli.values import float_list, folder, number, ratio
+from embforge.merging.records import METHODS
+
+if TYPE_CHECKING:
+    from embforge.protocols import Embedder
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -19,10 +25,9 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument("--output", type=folder, required=True, help="folder for the merged model")
     parser.add_argument(
         "--method",
-        choices=("linear", "task_arithmetic", "ties"),
+        choices=tuple(METHODS),
         default="linear",
-        help="linear: sum of w_i * model_i (weights sum to 1); task_arithmetic: base + sum w_i (model_i - base); "
-        "ties: trimmed, sign-elected task vectors (default linear)",
+        help="; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + " (default linear)",
     )
     parser.add_argument(
         "--weights", type=float_list, default=None, help="comma list, one per model (default: equal weights)"
@@ -32,7 +37,11 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--density",
         type=number(0, 1, open_low=True),
         default=0.2,
-        help="ties: fraction of each task vector kept, in (0, 1] (default 0.2)",
+        help="ties: fraction of each task vector kept (by magnitude); dare_linear/dare_ties: probability of "
+        "keeping each entry; in (0, 1] (default 0.2)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="dare_linear/dare_ties: seed of the drops (default 0)"
     )
     parser.add_argument(
         "--layer-scaling",
@@ -58,6 +67,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
 
 
 def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
+    from embforge.kinds import kind_record
     from embforge.merge import Merger, sweep_weights
 
     merger = Merger(
@@ -66,10 +76,13 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
         base=args.base,
         density=args.density,
         layer_scaling=args.layer_scaling,
+        seed=args.seed,
     )
     recipe: dict[str, object] = {"method": args.method, "models": args.models, "base": args.base}
-    if args.method == "ties":
+    if merger.record.density:
         recipe["density"] = args.density
+    if merger.record.seeded:
+        recipe["seed"] = args.seed
     if args.layer_scaling is not None:
         recipe["layer_scaling"] = args.layer_scaling
     result: dict[str, object] = {"output": args.output}
@@ -82,7 +95,9 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
         parts = parse_mix(args.choose_on)
         table = []
         for w in args.grid:
-            scores = evaluate_mix(merger.merge(sweep_weights(len(args.models), args.method, w)), parts)
+            merged = merger.merge(sweep_weights(len(args.models), args.method, w))
+            # any kind: evaluate_mix's evaluators take the kind's own (its record's) where it has one
+            scores = evaluate_mix(cast("Embedder", merged), parts)
             table.append({"w": w, **scores})
         best = max(table, key=lambda row: row["mean"])
         _print_table(table, best, [p.label for p in parts])
@@ -92,9 +107,13 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
     else:
         weights = args.weights
     model = merger.merge(weights)
-    recipe["weights"] = weights if weights is not None else [1 / len(args.models)] * len(args.models)
+    if merger.record.weights != "none":
+        recipe["weights"] = weights if weights is not None else [1 / len(args.models)] * len(args.models)
     merger.save(args.output, recipe=recipe)
-    result.update({"method": args.method, "weights": recipe["weights"], "dim": model.dim})
+    record = kind_record(model)
+    result.update({"method": args.method, "weights": recipe.get("weights"), "kind": record.kind.value})
+    if not record.pair_scoring:  # a cross-encoder embeds nothing
+        result["dim"] = cast("Embedder", model).dim
     return result
 
 
