@@ -71,7 +71,10 @@ def token_groups(vectors: np.ndarray, pool_factor: float, *, protected_tokens: i
     if clusters >= rest:
         return np.arange(tokens)
     to_pool = torch.from_numpy(np.ascontiguousarray(vectors[protected:], dtype=np.float32))
-    distances = (1 - to_pool @ to_pool.T).numpy()
+    with torch.autocast(
+        "cpu", enabled=False
+    ):  # float32 products, as pylate's, inside a mixed-precision step too
+        distances = (1 - to_pool @ to_pool.T).numpy()
     tree = hierarchy.linkage(distances[np.triu_indices(rest, k=1)], method="ward")
     labels = hierarchy.fcluster(tree, t=clusters, criterion="maxclust")
     _, dense = np.unique(labels, return_inverse=True)  # fcluster may return fewer clusters than asked (ties)

@@ -138,6 +138,10 @@ def test_padded_pooling_equals_the_index_time_pooling_and_passes_gradients() -> 
     for row, want in zip(pooled, expected):
         np.testing.assert_array_equal(row[: len(want)].detach().numpy(), want)
         assert not row[len(want) :].any()
+    with torch.autocast(
+        "cpu", dtype=torch.bfloat16
+    ):  # a mixed-precision training step clusters in float32 too
+        assert torch.equal(pool_padded(matrices, 3), pooled)
     pooled.sum().backward()
     # d(sum of the means)/d(member) = 1 / the size of its cluster; masked rows get nothing
     for matrix, grad, vectors in zip(matrices, matrices.grad, kept):
@@ -250,6 +254,19 @@ def test_cli_eval_pools_a_colbert_models_documents(
     qrels = "".join(f"q{i}\td{i}\t1\n" for i in range(len(QUERIES)))
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
     colbert.save(tmp_path / "colbert")
+    train = [
+        "train",
+        "--model-type",
+        "multivector",
+        "--model",
+        str(tiny_model_dir),
+        "--train",
+        str(_pairs(tmp_path)),
+    ]
+    pooled_training = ["--loss-option", "pool_factor=2", "--max-steps", "1", "--batch-size", "3", "--quiet"]
+    assert main([*train, *pooled_training, "--output", str(tmp_path / "trained")]) == 0
+    assert main([*train, "--loss-option", "pool_factor=0", "--output", str(tmp_path / "no")]) == 2
+    assert "pool_factor must be a finite number >= 1" in capsys.readouterr().err
     flags = ["eval", "retrieval", "--data", str(beir), "--split", "test", "--metrics", "ndcg@10,mrr@10"]
     capsys.readouterr()
     assert main([*flags, "--model", str(tmp_path / "colbert"), "--pool-factor", "4"]) == 0
