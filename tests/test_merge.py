@@ -173,3 +173,48 @@ def test_merge_cli_weights_and_choose_on(
         evaluate_sts(Encoder.load(base), data)["spearman"], abs=1e-6
     )
     assert evaluate_sts(Encoder.load(out), data)["spearman"] == pytest.approx(best["mean"], abs=1e-6)
+
+
+def test_merge_cli_new_methods(
+    folders: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embforge.cli import main
+
+    base, a, b = folders
+    outs = []
+    for name, seed in (("one", "1"), ("two", "1"), ("three", "2")):
+        argv = ["merge", "--models", str(a), str(b), "--base", str(base), "--method", "dare_ties"]
+        argv += ["--density", "0.5", "--seed", seed, "--weights", "0.5,0.5", "--output", str(tmp_path / name)]
+        assert main(argv) == 0
+        outs.append(_state(tmp_path / name))
+    assert _equal(outs[0], outs[1]) and not _equal(outs[0], outs[2])  # the seed decides the drops
+    config = json.loads((tmp_path / "one" / "config_sentence_transformers.json").read_text())
+    assert config["embforge_merge"]["density"] == 0.5 and config["embforge_merge"]["seed"] == 1
+    stock = tmp_path / "stock"
+    argv = ["merge", "--models", str(a), str(b), "--base", str(base), "--method", "model_stock"]
+    assert main([*argv, "--output", str(stock)]) == 0
+    assert (
+        "weights"
+        not in json.loads((stock / "config_sentence_transformers.json").read_text())["embforge_merge"]
+    )
+    assert main([*argv, "--output", str(stock), "--choose-on", "sts:x.csv"]) != 0
+    assert "model_stock merging has no weight to choose: drop --choose-on" in capsys.readouterr().err
+    slerp = tmp_path / "slerp"
+    assert (
+        main(
+            [
+                "merge",
+                "--models",
+                str(a),
+                str(b),
+                "--method",
+                "slerp",
+                "--weights",
+                "0,1",
+                "--output",
+                str(slerp),
+            ]
+        )
+        == 0
+    )
+    assert _equal(_state(slerp), _state(b))

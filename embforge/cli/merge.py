@@ -92,10 +92,13 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
 
         if args.weights:
             raise ValueError("give either --weights or --choose-on, not both")
+        sweep = [
+            sweep_weights(len(args.models), args.method, w) for w in args.grid
+        ]  # refused before reading data
         parts = parse_mix(args.choose_on)
         table = []
-        for w in args.grid:
-            merged = merger.merge(sweep_weights(len(args.models), args.method, w))
+        for w, point in zip(args.grid, sweep):
+            merged = merger.merge(point)
             # any kind: evaluate_mix's evaluators take the kind's own (its record's) where it has one
             scores = evaluate_mix(cast("Embedder", merged), parts)
             table.append({"w": w, **scores})
