@@ -124,3 +124,42 @@ def test_folders_of_different_kinds_or_settings_are_refused(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="layer scaling: no numbered layers"):  # a token table has no layers
         base, a, _ = _folders("static", tmp_path / "static2")
         Merger([a], method="task_arithmetic", base=base, layer_scaling=0.5).merge([1.0])
+
+
+PEERS = {"dense": "SentenceTransformer", "cross": "CrossEncoder", "sparse": "SparseEncoder"}
+
+
+@pytest.mark.parametrize("kind", list(PEERS))
+@pytest.mark.parametrize(
+    ("method", "weights", "parameters"),
+    [
+        ("slerp", [0.7, 0.3], {"t": 0.3}),
+        ("ties", [0.6, 0.9], {"weight": [0.6, 0.9], "density": 0.4, "normalize": False}),
+        ("model_stock", None, {}),
+    ],
+)
+def test_parity_with_sentence_transformers_merge(
+    kind: str, method: str, weights: list[float] | None, parameters: dict, tmp_path: Path
+) -> None:
+    """sentence-transformers 6.2 merges its dense, cross-encoder and sparse models through mergekit
+    (``SentenceTransformer.merge``): its merged folder, loaded here, has this merge's weights."""
+    st = pytest.importorskip("sentence_transformers")
+    pytest.importorskip("mergekit")
+    base, a, b = _folders(kind, tmp_path)
+    with_base = method != "slerp"
+    peer = getattr(st, PEERS[kind]).merge(
+        [str(a), str(b)],
+        method,
+        base_model=str(base) if with_base else None,
+        parameters=parameters,
+        device="cpu",
+    )
+    peer.save_pretrained(str(tmp_path / "peer"))
+    ours = Merger(
+        [a, b], method=method, base=base if with_base else None, density=parameters.get("density", 1.0)
+    )
+    merged = dict(ours.merge(weights).state_dict())
+    theirs = _state(kind, tmp_path / "peer")
+    assert merged.keys() == theirs.keys()
+    for key, value in merged.items():
+        torch.testing.assert_close(value, theirs[key], atol=2e-6, rtol=1e-5, msg=key)
