@@ -15,7 +15,7 @@ LOCK := constraints.txt
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: main test lint install lock clean teacher data gpu-bundle
+.PHONY: main test lint docs docs-shots install lock clean teacher data gpu-bundle
 
 # every package at the exact version of $(LOCK), so a new release of ruff, transformers ... cannot break make test
 $(STAMP): pyproject.toml $(LOCK)
@@ -70,8 +70,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check embforge tests benchmarks
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+# the documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or API reference fails
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# screenshots of the built site in headless Chromium (apt-get install -y chromium), to look at it: site-shots/
+docs-shots: docs
+	$(BIN)/python docs/screenshots.py --site site --out site-shots
+
+test: $(STAMP) lint docs
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site site-shots
