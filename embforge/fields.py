@@ -13,6 +13,17 @@ Traceback (most recent call last):
 ValueError: steps must be a positive integer, got 0
 >>> [(f.name, info.flag_of(f.name)) for f, info in described(Run)]
 [('steps', '--steps')]
+
+A config made of parts holds each part in a field made with ``metadata=PART`` whose default factory is the part's
+dataclass; a part's fields keep their flat names (in TOML files, flags and keyword arguments), and
+:func:`flat_fields` says which part each one lives in:
+
+>>> @dataclass
+... class Job:
+...     name: str = "job"
+...     run: Run = field(default_factory=Run, metadata=PART)
+>>> [(owner, f.name) for owner, f in flat_fields(Job)]
+[(None, 'name'), ('run', 'steps')]
 """
 
 from __future__ import annotations
@@ -20,11 +31,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from embforge import ranges
 
 KEY = "embforge"
+PART = MappingProxyType(
+    {"embforge.part": True}
+)  # the metadata of a field holding a part: field(..., metadata=PART)
 
 
 @dataclass(frozen=True)
@@ -66,17 +81,49 @@ def setting(default: Any, help: str | None = None, **details: Any) -> Any:
     return dataclasses.field(default=default, metadata=about(help, **details))
 
 
-def described(cls: type) -> Iterator[tuple[dataclasses.Field[Any], About]]:
-    """The fields of dataclass ``cls`` that offer a flag, in declaration order, with what they declare."""
+def parts(cls: type) -> dict[str, type]:
+    """``field name -> part class`` of dataclass ``cls``: its fields made with ``metadata=PART``."""
+    return {item.name: owner for item in dataclasses.fields(cls) if (owner := _part_of(item)) is not None}
+
+
+def _part_of(item: dataclasses.Field[object]) -> type | None:
+    factory = item.default_factory
+    return factory if item.metadata.get("embforge.part") and isinstance(factory, type) else None
+
+
+def flat_fields(cls: type) -> Iterator[tuple[str | None, dataclasses.Field[object]]]:
+    """The flat fields of dataclass ``cls``, in declaration order: its own (part ``None``) and each part's, with
+    the name of the field holding that part. A flat name lives in exactly one place."""
     for item in dataclasses.fields(cls):
+        owner = _part_of(item)
+        if owner is None:
+            yield None, item
+        else:
+            yield from ((item.name, inner) for inner in dataclasses.fields(owner))
+
+
+def flat_values(config: object) -> dict[str, object]:
+    """The flat fields of dataclass instance ``config`` and their values, in declaration order (its parts'
+    fields in the part's place)."""
+    return {
+        item.name: getattr(config if owner is None else getattr(config, owner), item.name)
+        for owner, item in flat_fields(type(config))
+    }
+
+
+def described(cls: type) -> Iterator[tuple[dataclasses.Field[Any], About]]:
+    """The flat fields of dataclass ``cls`` (its parts' included) that offer a flag, in declaration order, with
+    what they declare."""
+    for _, item in flat_fields(cls):
         info = item.metadata.get(KEY)
         if info is not None and info.help is not None:
             yield item, info
 
 
 def about_field(cls: type, name: str) -> About:
-    """What field ``name`` of dataclass ``cls`` declares (an empty :class:`About` when nothing)."""
-    item = next(f for f in dataclasses.fields(cls) if f.name == name)
+    """What flat field ``name`` of dataclass ``cls`` (or of one of its parts) declares (an empty :class:`About`
+    when nothing)."""
+    item = next(f for _, f in flat_fields(cls) if f.name == name)
     return item.metadata.get(KEY, About())
 
 

@@ -24,9 +24,6 @@ UPPER = ("embforge.training", "embforge.serve", "embforge.cli")
 KNOWN_KNOTS = {
     # a folder reader takes __version__ from the package face (which names every floor): embforge._version has it
     ("embforge.modeling.st_folder", "embforge"),
-    # anchoring and averaging take the whole TrainConfig to check their slice: the config made of parts ends it
-    ("embforge.training.anchor", "embforge.training.config"),
-    ("embforge.training.averaging", "embforge.training.config"),
 }
 
 

@@ -67,7 +67,7 @@ def embforge_stepper(run: Run, model: Any, batch: int, mini: int, steps: int) ->
         trainer.optimizer.zero_grad(set_to_none=True)
         micro_step(trainer, prepared, rows(i), sync=True)
         trainer.scaler.unscale_(trainer.optimizer)
-        torch.nn.utils.clip_grad_norm_(list(trainer.parameters()), config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(list(trainer.parameters()), config.optim.max_grad_norm)
         trainer.scaler.step(trainer.optimizer)
         trainer.scaler.update()
         trainer.scheduler.step()

@@ -1,7 +1,7 @@
 """An anchor to the weights a run starts from, so that fine-tuning keeps what the base model could do.
 
-Four ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.ewc``, ``TrainConfig.wise_ft``,
-``TrainConfig.lines``):
+Four ways, alone or together (the fields of :class:`Anchoring`, ``TrainConfig.anchor``: ``l2sp``, ``ewc``,
+``wise_ft``, ``lines``):
 
 - **L2-SP** (Li et al., 2018, "Explicit Inductive Bias for Transfer Learning with Convolutional Networks"),
   decoupled from the gradient as AdamW decouples weight decay: after every optimiser step,
@@ -55,20 +55,76 @@ Four ways, alone or together (``TrainConfig.l2sp``, ``TrainConfig.ewc``, ``Train
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from embforge.fields import setting
 from embforge.kinds import is_single_vector, kind_of
 from embforge.merge import layer_scales
 from embforge.protocols import TrainableModel
-from embforge.ranges import NON_NEGATIVE, check, integers
+from embforge.ranges import NON_NEGATIVE, RATIO, check, integers
 from embforge.training.fisher import fisher_diagonal, probe_texts
 
 if TYPE_CHECKING:
-    from embforge.training.config import TrainConfig
     from embforge.training.tasks import Task
+
+_OPT = "optimisation"
+
+
+@dataclass
+class Anchoring:
+    """The anchor a run asks for (``TrainConfig.anchor``; every field 0 or ``None``: none). It checks itself."""
+
+    l2sp: float = setting(
+        0.0,
+        "after each step pull lr x L2SP of the way back to the starting weights, e.g. 1000 (default 0: off)",
+        group=_OPT,
+        range=NON_NEGATIVE,
+        checked=False,
+    )
+    wise_ft: float | None = setting(
+        None,
+        "final model = (1 - W) x starting + W x fine-tuned weights, W in [0, 1], e.g. 0.5 (default off)",
+        group=_OPT,
+        range=RATIO,
+        checked=False,
+    )
+    lines: float | None = setting(
+        None,
+        "final model: each weight keeps (A + (1 - A) x its depth) of its change (LiNeS; embeddings A, last layer "
+        "all), A in [0, 1], e.g. 0.5 (default off)",
+        group=_OPT,
+        range=RATIO,
+        checked=False,
+    )
+    ewc: float = setting(
+        0.0,
+        "after each step pull each weight lr x EWC x its Fisher importance of the way back, e.g. 1000 (default 0)",
+        group=_OPT,
+        range=NON_NEGATIVE,
+        checked=False,
+    )
+    ewc_texts: int = 2048  # texts of the run's tasks the starting model's Fisher information is estimated on
+
+    def __post_init__(self) -> None:
+        check("l2sp", self.l2sp, NON_NEGATIVE, hint="0 = no pull toward the start")
+        check("ewc", self.ewc, NON_NEGATIVE, hint="0 = no pull toward the start")
+        check("ewc_texts", self.ewc_texts, integers(3), hint="texts the Fisher information is estimated on")
+        if self.wise_ft is not None and not 0.0 <= self.wise_ft <= 1.0:
+            raise ValueError(
+                f"wise_ft must be in [0, 1] (1 = the fine-tuned weights alone), got {self.wise_ft}"
+            )
+        if self.lines is not None and not 0.0 <= self.lines <= 1.0:
+            raise ValueError(
+                f"lines must be in [0, 1] (the share of the embeddings' change kept; 1 = all), got {self.lines}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.l2sp or self.ewc or self.wise_ft is not None or self.lines is not None)
 
 
 class Anchor:
@@ -147,37 +203,24 @@ class Anchor:
         ]
 
 
-def start_anchor(model: TrainableModel, tasks: Sequence[Task], config: TrainConfig) -> Anchor | None:
-    """The :class:`Anchor` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None`` (with
-    ``ewc``: the Fisher information of ``model`` on ``config.ewc_texts`` texts of ``tasks``, computed now)."""
-    if config.l2sp == 0 and config.ewc == 0 and config.wise_ft is None and config.lines is None:
+def start_anchor(
+    model: TrainableModel, tasks: Sequence[Task], settings: Anchoring, *, seed: int
+) -> Anchor | None:
+    """The :class:`Anchor` ``settings`` ask for, else ``None`` (with ``ewc``: the Fisher information of ``model`` on
+    ``settings.ewc_texts`` texts of ``tasks``, drawn with ``seed``, computed now)."""
+    if not settings.enabled:
         return None
     importance: list[Tensor] = []
-    if config.ewc > 0:
+    if settings.ewc > 0:
         if not is_single_vector(model):
             raise ValueError(f"ewc needs a dense or static embedding model, not a {kind_of(model).value} one")
-        texts = probe_texts(tasks, config.ewc_texts, config.seed)
-        importance = fisher_diagonal(model, texts, seed=config.seed)
+        texts = probe_texts(tasks, settings.ewc_texts, seed)
+        importance = fisher_diagonal(model, texts, seed=seed)
     return Anchor(
         model,
-        l2sp=config.l2sp,
-        wise_ft=config.wise_ft,
-        ewc=config.ewc,
+        l2sp=settings.l2sp,
+        wise_ft=settings.wise_ft,
+        ewc=settings.ewc,
         importance=importance,
-        lines=config.lines,
+        lines=settings.lines,
     )
-
-
-def check_anchor(config: TrainConfig) -> None:
-    """Validate a config's ``l2sp`` / ``ewc`` / ``ewc_texts`` / ``wise_ft`` / ``lines`` fields."""
-    check("l2sp", config.l2sp, NON_NEGATIVE, hint="0 = no pull toward the start")
-    check("ewc", config.ewc, NON_NEGATIVE, hint="0 = no pull toward the start")
-    check("ewc_texts", config.ewc_texts, integers(3), hint="texts the Fisher information is estimated on")
-    if config.wise_ft is not None and not 0.0 <= config.wise_ft <= 1.0:
-        raise ValueError(
-            f"wise_ft must be in [0, 1] (1 = the fine-tuned weights alone), got {config.wise_ft}"
-        )
-    if config.lines is not None and not 0.0 <= config.lines <= 1.0:
-        raise ValueError(
-            f"lines must be in [0, 1] (the share of the embeddings' change kept; 1 = all), got {config.lines}"
-        )

@@ -17,15 +17,60 @@ The average is part of the trainer state (:func:`embforge.training.checkpoints.s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from embforge.fields import setting
 from embforge.protocols import TrainableModel
+from embforge.ranges import NON_NEGATIVE_INT, finite
 
-if TYPE_CHECKING:
-    from embforge.training.config import TrainConfig
+EMA_DECAY = finite(0, 1, open_high=True)
+_OPT = "optimisation"
+
+
+@dataclass
+class Averaging:
+    """The weight average a run asks for (``TrainConfig.averaging``: EMA or soup, or neither). It checks itself."""
+
+    ema_decay: float | None = setting(
+        None,
+        "final model = EMA of the weights with this decay in [0, 1), e.g. 0.99 (default off)",
+        group=_OPT,
+        range=EMA_DECAY,
+        checked=False,
+    )
+    ema_start: int = setting(
+        0, "first step the EMA follows (default 0)", group=_OPT, range=NON_NEGATIVE_INT, checked=False
+    )
+    soup_last: int = setting(
+        0,
+        "final model = mean of the weights at the last K checkpoint steps (default 0)",
+        group=_OPT,
+        range=NON_NEGATIVE_INT,
+        checked=False,
+    )
+    soup_every: int = setting(  # 0 = save_every
+        0,
+        "steps between the soup's members (default: --save-every)",
+        group=_OPT,
+        range=NON_NEGATIVE_INT,
+        checked=False,
+    )
+
+    def __post_init__(self) -> None:
+        if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.ema_start < 0 or self.soup_last < 0 or self.soup_every < 0:
+            raise ValueError("ema_start, soup_last and soup_every must be >= 0")
+        if self.ema_decay is not None and self.soup_last:
+            raise ValueError("choose one weight average: ema_decay or soup_last, not both")
+
+    @property
+    def enabled(self) -> bool:
+        return self.ema_decay is not None or self.soup_last > 0
 
 
 def _weights(model: TrainableModel) -> dict[str, Tensor]:
@@ -73,8 +118,8 @@ class WeightAverage:
 
     @torch.no_grad()
     def update(self, model: TrainableModel, step: int) -> None:
-        """Fold the weights after optimiser step ``step`` into the average; after the last step, load the
-        average into ``model``."""
+        """Fold the weights after optimiser step ``step`` into the average (when it is one of its steps); after the
+        last step :meth:`apply` loads the average into ``model``."""
         if self._takes(step):
             weights = _weights(model)
             if not self.average:
@@ -87,8 +132,6 @@ class WeightAverage:
                 for k, v in weights.items():
                     self.average[k].lerp_(v.float(), 1.0 - self.ema_decay)
             self.count += 1
-        if step == self.total_steps:
-            self.apply(model)
 
     @torch.no_grad()
     def apply(self, model: TrainableModel) -> None:
@@ -111,24 +154,15 @@ class WeightAverage:
         self.average = {k: v.float().clone() for k, v in state["average"].items()}
 
 
-def weight_average(config: TrainConfig, total_steps: int) -> WeightAverage | None:
-    """The :class:`WeightAverage` a :class:`~embforge.training.config.TrainConfig` asks for, else ``None``."""
-    if config.ema_decay is None and not config.soup_last:
+def weight_average(settings: Averaging, total_steps: int, *, save_every: int) -> WeightAverage | None:
+    """The :class:`WeightAverage` ``settings`` ask for, else ``None`` (a soup's members ``save_every`` apart unless
+    it sets ``soup_every``)."""
+    if not settings.enabled:
         return None
     return WeightAverage(
         total_steps=total_steps,
-        ema_decay=config.ema_decay,
-        ema_start=config.ema_start,
-        soup_last=config.soup_last,
-        soup_every=config.soup_every or config.save_every or 1,
+        ema_decay=settings.ema_decay,
+        ema_start=settings.ema_start,
+        soup_last=settings.soup_last,
+        soup_every=settings.soup_every or save_every or 1,
     )
-
-
-def check_averaging(config: TrainConfig) -> None:
-    """Validate a config's ``ema_*`` / ``soup_*`` fields (one kind of average at a time)."""
-    if config.ema_decay is not None and not 0.0 <= config.ema_decay < 1.0:
-        raise ValueError(f"ema_decay must be in [0, 1), got {config.ema_decay}")
-    if config.ema_start < 0 or config.soup_last < 0 or config.soup_every < 0:
-        raise ValueError("ema_start, soup_last and soup_every must be >= 0")
-    if config.ema_decay is not None and config.soup_last:
-        raise ValueError("choose one weight average: ema_decay or soup_last, not both")

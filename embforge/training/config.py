@@ -1,12 +1,28 @@
-"""What a training run needs besides the model and the data: :class:`TrainConfig` (the CLI and TOML files fill it)."""
+"""What a training run needs besides the model and the data: :class:`TrainConfig` (the CLI and TOML files fill it),
+made of small parts that check themselves.
+
+Every field keeps one flat name (``lr``, ``ema_decay`` ...) in TOML files, flags and keyword arguments, and lives
+in exactly one part (:func:`embforge.fields.flat_fields` says which): ``TrainConfig(lr=1e-4)`` sets
+``config.optim.lr``, and ``config.changed(lr=1e-4)`` (or ``dataclasses.replace``) changes it in a copy.
+
+>>> config = TrainConfig(lr=1e-4, ema_decay=0.9)
+>>> config.optim.lr, config.averaging.ema_decay, config.optim.batch_size
+(0.0001, 0.9, 32)
+>>> TrainConfig(lr=0)
+Traceback (most recent call last):
+...
+ValueError: lr must be a finite number > 0, got 0
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from embforge.fields import check_ranges, setting
+from embforge.fields import PART, check_ranges, flat_fields, parts, setting
 from embforge.modeling.lora import LoraConfig
 from embforge.modeling.precision import check_amp
 from embforge.ranges import (
@@ -20,42 +36,20 @@ from embforge.ranges import (
     check,
     finite,
 )
-from embforge.training.anchor import check_anchor
-from embforge.training.averaging import check_averaging
+from embforge.training.anchor import Anchoring
+from embforge.training.averaging import Averaging
 from embforge.training.sampling import STRATEGIES
+from embforge.training.weighting import DynamicWeighting
 
 LAYER_DECAY = finite(0, 1, open_low=True)
-EMA_DECAY = finite(0, 1, open_high=True)
 _OPT, _SCALE, _EVAL, _OUT, _MODEL = "optimisation", "scale", "evaluation", "output", "model"
 _NO_LORA = "a pipeline trains all weights (its stages take no LoRA adapters)"  # About.pipeline
 
 
 @dataclass
-class TrainConfig:
-    """Everything a training run needs besides the model and the data. The CLI and TOML files fill it.
+class Optimisation:
+    """Steps, batch and learning rate (``TrainConfig.optim``)."""
 
-    The defaults are the measured recipe for all-MiniLM-L6-v2 on STS-B (see README: CoSENT, lr 5e-5, batch 32).
-
-    ``mini_batch_size`` > 0 runs each micro-step cached (GradCache, :mod:`embforge.training.step`): the batch is
-    embedded that many texts at a time, with the loss and gradients of the whole batch. ``gradient_checkpointing``
-    recomputes each layer in the backward pass instead of storing its activations.
-
-    Under ``torchrun`` ``batch_size`` is the global batch, split across the ranks. ``gather_negatives`` (default)
-    all-gathers the embeddings so that every loss sees the global batch (in-batch negatives from every rank; the
-    same gradients as one process); ``False`` gives each rank the loss of its own rows
-    (:mod:`embforge.training.distributed`).
-
-    ``ema_decay`` (an EMA of the weights from step ``ema_start``) or ``soup_last`` (the uniform mean of the
-    weights at the last k steps ``soup_every`` apart) make the final model an average of weights
-    (:mod:`embforge.training.averaging`). ``l2sp`` (decay toward the starting weights after every step), ``ewc``
-    (the same, each weight at a rate set by the starting model's Fisher information), ``wise_ft`` (the final
-    model mixed with the starting weights) and ``lines`` (each weight's change scaled by its depth) anchor the run to its base
-    (:mod:`embforge.training.anchor`).
-    """
-
-    output: str = setting(
-        "output", "output folder (default ./output)", group=_OUT, value="folder", metavar="DIR"
-    )
     epochs: int = setting(1, "epochs (default 1)", group=_OPT, range=POSITIVE_INT)
     max_steps: int | None = setting(
         None,
@@ -86,31 +80,24 @@ class TrainConfig:
         1.0, "gradient clipping norm, 0 = off (default 1.0)", group=_OPT, range=NON_NEGATIVE, metavar="NORM"
     )
     grad_accum: int = setting(1, "gradient accumulation steps (default 1)", group=_OPT, range=POSITIVE_INT)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        check("layer_lr_decay", self.layer_lr_decay, LAYER_DECAY, hint="1 = every layer at the full rate")
+
+
+@dataclass
+class Scale:
+    """Memory, precision and devices (``TrainConfig.scale``)."""
+
     amp: str = setting(
         "auto",
         "mixed precision (default auto: bf16 where the CPU/GPU has it natively)",
         group=_SCALE,
         choices=("auto", "no", "bf16", "fp16"),
     )
-    seed: int = setting(
-        42,
-        "random seed (default 42; overrides every stage's seed of a pipeline file)",
-        group=_OPT,
-        range=SEED,
-    )
-    eval_every: int = setting(  # 0 = at the end only
-        0, "evaluate every N steps (default 0: at the end only)", group=_EVAL, range=NON_NEGATIVE_INT
-    )
-    save_every: int = setting(  # 0 = no checkpoints
-        200,
-        "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)",
-        group=_OUT,
-        range=NON_NEGATIVE_INT,
-    )
-    keep_checkpoints: int = setting(1, range=NON_NEGATIVE_INT)  # 0 = keep them all
-    log_every: int = setting(10, range=POSITIVE_INT)
-    group_by_length: bool = setting(
-        False, "batch texts of similar length together (faster, less random; default off)", switch=True
+    device: str = setting(
+        "auto", "cpu, cuda, cuda:1 ... (default auto)", group=_SCALE, value="device", metavar="DEVICE"
     )
     chunk_tokens: int | None = setting(
         None,
@@ -118,37 +105,6 @@ class TrainConfig:
         group=_SCALE,
         range=POSITIVE_INT,
         metavar="TOKENS",
-    )
-    metric: str | None = None  # None: the evaluator's main metric (primary_metric)
-    device: str = setting(
-        "auto", "cpu, cuda, cuda:1 ... (default auto)", group=_SCALE, value="device", metavar="DEVICE"
-    )
-    sampling: str = "epoch"
-    # rows shuffled together (a stream's buffer); 0: a whole task (a stream: 10,000)
-    shuffle_window: int = setting(
-        0,
-        "rows shuffled together (default 0: a whole file; stream 10000)",
-        range=NON_NEGATIVE_INT,
-        metavar="ROWS",
-    )
-    sampling_alpha: float = setting(0.5, range=FINITE)
-    dynamic_weights_every: int = setting(0, range=NON_NEGATIVE_INT)  # 0 = fixed weights
-    dynamic_weights_smoothing: float = setting(0.5, range=RATIO)
-    dynamic_weights_relative: bool = False
-    resume: bool = setting(False, "continue from the last checkpoint", group=_OUT, switch=True)
-    allow_data_change: bool = setting(  # resume even if the training files changed since the checkpoint
-        False,
-        "--resume although the training files changed since the checkpoint (default: refused, naming the file)",
-        group=_OUT,
-        switch=True,
-    )
-    quiet: bool = setting(False, "no progress bars", group=_OUT, switch=True)
-    keep_training_state: bool = setting(  # keep checkpoints/ after the run (embforge.training.artifacts)
-        False,
-        "keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later "
-        "(default off: removed)",
-        group=_OUT,
-        switch=True,
     )
     mini_batch_size: int = setting(  # 0 = no cached step
         0,
@@ -170,6 +126,84 @@ class TrainConfig:
         switch=True,
         negatable=True,
     )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        check_amp(self.amp)
+
+
+@dataclass
+class DataOptions:
+    """How the tasks' rows are drawn into batches (``TrainConfig.data``)."""
+
+    sampling: str = "epoch"
+    sampling_alpha: float = setting(0.5, range=FINITE)
+    # rows shuffled together (a stream's buffer); 0: a whole task (a stream: 10,000)
+    shuffle_window: int = setting(
+        0,
+        "rows shuffled together (default 0: a whole file; stream 10000)",
+        range=NON_NEGATIVE_INT,
+        metavar="ROWS",
+    )
+    group_by_length: bool = setting(
+        False, "batch texts of similar length together (faster, less random; default off)", switch=True
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.sampling not in STRATEGIES:
+            raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
+
+
+@dataclass
+class Evaluation:
+    """What is measured and logged during training (``TrainConfig.evaluation``)."""
+
+    eval_every: int = setting(  # 0 = at the end only
+        0, "evaluate every N steps (default 0: at the end only)", group=_EVAL, range=NON_NEGATIVE_INT
+    )
+    metric: str | None = None  # None: the evaluator's main metric (primary_metric)
+    log_every: int = setting(10, range=POSITIVE_INT)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclass
+class Checkpointing:
+    """Checkpoints, resuming and what stays on disk after the run (``TrainConfig.checkpoints``)."""
+
+    save_every: int = setting(  # 0 = no checkpoints
+        200,
+        "checkpoint every N steps and at the end (default 200; 0 = no checkpoints, the model is still saved)",
+        group=_OUT,
+        range=NON_NEGATIVE_INT,
+    )
+    keep_checkpoints: int = setting(1, range=NON_NEGATIVE_INT)  # 0 = keep them all
+    resume: bool = setting(False, "continue from the last checkpoint", group=_OUT, switch=True)
+    allow_data_change: bool = setting(  # resume even if the training files changed since the checkpoint
+        False,
+        "--resume although the training files changed since the checkpoint (default: refused, naming the file)",
+        group=_OUT,
+        switch=True,
+    )
+    keep_training_state: bool = setting(  # keep checkpoints/ after the run (embforge.training.artifacts)
+        False,
+        "keep checkpoints/ (optimizer state, about 3x the model's size) after the run, to --resume it later "
+        "(default off: removed)",
+        group=_OUT,
+        switch=True,
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters instead of full fine-tuning (``TrainConfig.lora``; read as a
+    :class:`~embforge.modeling.lora.LoraConfig` with :meth:`adapter`)."""
+
     lora_r: int = setting(  # LoRA rank; 0 = full fine-tuning (embforge.modeling.lora)
         0,
         "train rank-R LoRA adapters, not all weights (default 0: off; pip install -e '.[peft]')",
@@ -203,85 +237,146 @@ class TrainConfig:
         switch=True,
         pipeline=_NO_LORA,
     )
-    # weight averaging (embforge.training.averaging, which checks these): the final model is the average
-    ema_decay: float | None = setting(
-        None,
-        "final model = EMA of the weights with this decay in [0, 1), e.g. 0.99 (default off)",
-        group=_OPT,
-        range=EMA_DECAY,
-        checked=False,
-    )
-    ema_start: int = setting(
-        0, "first step the EMA follows (default 0)", group=_OPT, range=NON_NEGATIVE_INT, checked=False
-    )
-    soup_last: int = setting(
-        0,
-        "final model = mean of the weights at the last K checkpoint steps (default 0)",
-        group=_OPT,
-        range=NON_NEGATIVE_INT,
-        checked=False,
-    )
-    soup_every: int = setting(  # 0 = save_every
-        0,
-        "steps between the soup's members (default: --save-every)",
-        group=_OPT,
-        range=NON_NEGATIVE_INT,
-        checked=False,
-    )
-    # an anchor to the starting weights (embforge.training.anchor, which checks these)
-    l2sp: float = setting(
-        0.0,
-        "after each step pull lr x L2SP of the way back to the starting weights, e.g. 1000 (default 0: off)",
-        group=_OPT,
-        range=NON_NEGATIVE,
-        checked=False,
-    )
-    wise_ft: float | None = setting(
-        None,
-        "final model = (1 - W) x starting + W x fine-tuned weights, W in [0, 1], e.g. 0.5 (default off)",
-        group=_OPT,
-        range=RATIO,
-        checked=False,
-    )
-    lines: float | None = setting(
-        None,
-        "final model: each weight keeps (A + (1 - A) x its depth) of its change (LiNeS; embeddings A, last layer "
-        "all), A in [0, 1], e.g. 0.5 (default off)",
-        group=_OPT,
-        range=RATIO,
-        checked=False,
-    )
-    ewc: float = setting(
-        0.0,
-        "after each step pull each weight lr x EWC x its Fisher importance of the way back, e.g. 1000 (default 0)",
-        group=_OPT,
-        range=NON_NEGATIVE,
-        checked=False,
-    )
-    ewc_texts: int = 2048  # texts of the run's tasks the starting model's Fisher information is estimated on
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        check("layer_lr_decay", self.layer_lr_decay, LAYER_DECAY, hint="1 = every layer at the full rate")
-        if self.sampling not in STRATEGIES:
-            raise ValueError(f"sampling must be one of {', '.join(STRATEGIES)}, got {self.sampling!r}")
-        check_amp(self.amp)
-        LoraConfig.from_fields(self)  # validates the lora_* fields
-        check_averaging(self)
-        check_anchor(self)
+        self.adapter()  # validates the fields as LoraConfig does
+
+    def adapter(self) -> LoraConfig:
+        """These settings as :func:`~embforge.modeling.lora.apply_lora` takes them."""
+        return LoraConfig.from_fields(self)
+
+
+@dataclass(init=False)
+class TrainConfig:
+    """Everything a training run needs besides the model and the data. The CLI and TOML files fill it.
+
+    The defaults are the measured recipe for all-MiniLM-L6-v2 on STS-B (see README: CoSENT, lr 5e-5, batch 32).
+
+    Made of parts, each a dataclass that checks itself: :class:`Optimisation` (``optim``), :class:`Scale`
+    (``scale``), :class:`DataOptions` (``data``), :class:`Evaluation` (``evaluation``), :class:`Checkpointing`
+    (``checkpoints``), :class:`LoraOptions` (``lora``) and the off-by-default features' own
+    (:class:`~embforge.training.weighting.DynamicWeighting` ``weighting``, :class:`~embforge.training.averaging.
+    Averaging` ``averaging``, :class:`~embforge.training.anchor.Anchoring` ``anchor``; the loop runs them through
+    :mod:`embforge.training.extras`). The keyword arguments are the flat field names (``TrainConfig(lr=1e-4)``),
+    or whole parts (``TrainConfig(optim=Optimisation(lr=1e-4))``); a flat name given with its part changes that
+    part. :meth:`flat` gives the flat fields back.
+
+    ``mini_batch_size`` > 0 runs each micro-step cached (GradCache, :mod:`embforge.training.step`): the batch is
+    embedded that many texts at a time, with the loss and gradients of the whole batch. ``gradient_checkpointing``
+    recomputes each layer in the backward pass instead of storing its activations.
+
+    Under ``torchrun`` ``batch_size`` is the global batch, split across the ranks. ``gather_negatives`` (default)
+    all-gathers the embeddings so that every loss sees the global batch (in-batch negatives from every rank; the
+    same gradients as one process); ``False`` gives each rank the loss of its own rows
+    (:mod:`embforge.training.distributed`).
+
+    ``ema_decay`` (an EMA of the weights from step ``ema_start``) or ``soup_last`` (the uniform mean of the
+    weights at the last k steps ``soup_every`` apart) make the final model an average of weights
+    (:mod:`embforge.training.averaging`). ``l2sp`` (decay toward the starting weights after every step), ``ewc``
+    (the same, each weight at a rate set by the starting model's Fisher information), ``wise_ft`` (the final
+    model mixed with the starting weights) and ``lines`` (each weight's change scaled by its depth) anchor the run
+    to its base (:mod:`embforge.training.anchor`).
+    """
+
+    output: str = setting(
+        "output", "output folder (default ./output)", group=_OUT, value="folder", metavar="DIR"
+    )
+    seed: int = setting(
+        42,
+        "random seed (default 42; overrides every stage's seed of a pipeline file)",
+        group=_OPT,
+        range=SEED,
+    )
+    quiet: bool = setting(False, "no progress bars", group=_OUT, switch=True)
+    optim: Optimisation = field(default_factory=Optimisation, metadata=PART)
+    scale: Scale = field(default_factory=Scale, metadata=PART)
+    data: DataOptions = field(default_factory=DataOptions, metadata=PART)
+    evaluation: Evaluation = field(default_factory=Evaluation, metadata=PART)
+    checkpoints: Checkpointing = field(default_factory=Checkpointing, metadata=PART)
+    lora: LoraOptions = field(default_factory=LoraOptions, metadata=PART)
+    weighting: DynamicWeighting = field(default_factory=DynamicWeighting, metadata=PART)
+    averaging: Averaging = field(default_factory=Averaging, metadata=PART)
+    anchor: Anchoring = field(default_factory=Anchoring, metadata=PART)
+
+    def __init__(self, **values: object) -> None:
+        given: dict[str, dict[str, object]] = {name: {} for name in _PARTS}
+        for key, value in values.items():
+            if key not in _HOME:
+                raise TypeError(
+                    f"TrainConfig has no field {key!r}; its fields: {', '.join(sorted(FLAT_FIELDS))}"
+                )
+            if key not in _PARTS and _HOME[key] is not None:
+                given[str(_HOME[key])][key] = value
+        for item in dataclasses.fields(self):
+            if item.name in _PARTS:
+                value = _part(_PARTS[item.name], values.get(item.name), given[item.name])
+            else:
+                value = values.get(item.name, item.default)
+            object.__setattr__(self, item.name, value)
+        check_ranges(self)
+
+    def changed(self, **values: object) -> TrainConfig:
+        """A copy with the flat fields (or whole parts) ``values`` set: ``config.changed(lr=1e-4, resume=True)``."""
+        return TrainConfig(
+            **{**{item.name: getattr(self, item.name) for item in dataclasses.fields(self)}, **values}
+        )
+
+    def flat(self) -> dict[str, object]:
+        """The flat fields and their values, in declaration order (what a TOML file or the model card lists)."""
+        return {
+            item.name: getattr(self._holder(owner), item.name) for owner, item in flat_fields(TrainConfig)
+        }
+
+    def _holder(self, owner: str | None) -> object:
+        return self if owner is None else getattr(self, owner)
+
+    if not TYPE_CHECKING:  # a flat name read or set on the whole config says where it lives now
+
+        def __getattr__(self, name: str) -> object:
+            if name in _HOME and name not in _PARTS and _HOME[name] is not None:
+                raise AttributeError(f"TrainConfig.{name} is now TrainConfig.{_HOME[name]}.{name}")
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        def __setattr__(self, name: str, value: object) -> None:
+            if name in _HOME and name not in _PARTS and _HOME[name] is not None:
+                raise AttributeError(f"TrainConfig.{name} is now TrainConfig.{_HOME[name]}.{name}")
+            object.__setattr__(self, name, value)
+
+
+_PARTS: dict[str, type] = parts(TrainConfig)
+# every flat field name -> the part that holds it (None: TrainConfig itself); a part's name maps to itself
+_HOME: dict[str, str | None] = {
+    **{item.name: owner for owner, item in flat_fields(TrainConfig)},
+    **{name: name for name in _PARTS},
+}
+FLAT_FIELDS: frozenset[str] = frozenset(name for name in _HOME if name not in _PARTS)
+
+
+def _part(cls: type, value: object, changes: dict[str, object]) -> object:
+    """Part ``cls`` from ``value`` (an instance, a mapping of its fields, or ``None``: its defaults) with the flat
+    fields ``changes`` set."""
+    if value is None:
+        return cls(**changes)
+    if isinstance(value, Mapping):
+        return cls(**{**value, **changes})
+    if not isinstance(value, cls):
+        raise TypeError(f"TrainConfig part must be a {cls.__name__}, got {type(value).__name__}")
+    return dataclasses.replace(value, **changes) if changes else value  # type: ignore[type-var]
 
 
 def planned_steps(sizes: Sequence[int | None], config: TrainConfig) -> int:
     """Optimiser steps of a run over tasks of ``sizes`` rows: ``max_steps``, else ``epochs`` passes over every
     task in batches of ``batch_size`` with ``grad_accum`` batches per step. The one count every schedule uses
     (learning rate, hard-negative ratio)."""
-    if config.max_steps is not None:
-        check("max_steps", config.max_steps, POSITIVE_INT)
-        return config.max_steps
+    optim = config.optim
+    if optim.max_steps is not None:
+        check("max_steps", optim.max_steps, POSITIVE_INT)
+        return optim.max_steps
     if any(n is None for n in sizes):
         raise ValueError("a streamed data set of unknown length needs max_steps (--max-steps N)")
-    batches_per_epoch = sum(math.ceil((n or 0) / config.batch_size) for n in sizes)
-    return max(1, math.ceil(config.epochs * batches_per_epoch / config.grad_accum))
+    batches_per_epoch = sum(math.ceil((n or 0) / optim.batch_size) for n in sizes)
+    return max(1, math.ceil(optim.epochs * batches_per_epoch / optim.grad_accum))
 
 
 def primary_metric(metrics: Mapping[str, float]) -> str | None:

@@ -37,11 +37,11 @@ class PlanInputs:
         """The batch plan of ``epoch``."""
         return TaskPlan(
             self.sizes,
-            config.batch_size,
+            config.optim.batch_size,
             seed=config.seed,
             epoch=epoch,
-            strategy=config.sampling,
-            alpha=config.sampling_alpha,
+            strategy=config.data.sampling,
+            alpha=config.data.sampling_alpha,
             lengths=self.lengths,
             distinct=self.distinct,
             windows=self.windows,
@@ -65,9 +65,9 @@ class Feed:
         prepared = [prepare(task, model) for task in tasks]
         inputs = PlanInputs(
             sizes=[row_count(t.data) for t in tasks],
-            windows=[plan_window(t.data, config.shuffle_window or None) for t in tasks],
+            windows=[plan_window(t.data, config.data.shuffle_window or None) for t in tasks],
             counts=[window_counter(t.data) for t in tasks],
-            lengths=[p.lengths for p in prepared] if config.group_by_length else None,
+            lengths=[p.lengths for p in prepared] if config.data.group_by_length else None,
             # in-batch-negative tasks: no text twice in a batch (a duplicate would be its own false negative)
             distinct=[
                 TextKeys(t.data, t.data.text_columns) if uses_in_batch_negatives(t.loss) else None

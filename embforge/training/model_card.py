@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from embforge._version import __version__
 from embforge.data.sources import row_count
+from embforge.fields import flat_values
 from embforge.modeling.pooling import mode_from_st_config
 from embforge.training.report import read_json, read_jsonl
 
@@ -89,7 +90,7 @@ def write_model_card(
     """
     root = Path(model_dir)
     is_instance = dataclasses.is_dataclass(config) and not isinstance(config, type)
-    settings = dataclasses.asdict(config) if is_instance else dict(config)
+    settings = flat_values(config) if is_instance else dict(config)  # a config of parts: its flat fields
     facts = _model_facts(root)
     lines = [
         *_heading(root, facts, base_model, tasks_info),

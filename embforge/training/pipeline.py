@@ -45,7 +45,6 @@ reranking set's ``(query, candidate)`` rows into lists of ``SIZE`` candidates (`
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -387,9 +386,7 @@ def _run_stages(
             model.load_weights(loaded_from)
             loaded_from = None
         tasks = build_stage_tasks(stage, i, pipeline, model=model, workdir=folder)
-        config = dataclasses.replace(
-            stage.config, output=str(folder), resume=(folder / "checkpoints").is_dir()
-        )
+        config = stage.config.changed(output=str(folder), resume=(folder / "checkpoints").is_dir())
         step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))
         summary = {"stage": i, "name": stage.name, **train(model, tasks, config, on_step=step_hook)}
         if is_main():

@@ -14,7 +14,7 @@ from typing import Any
 
 from embforge.fields import about_field
 from embforge.modeling.resolve import DEFAULT_MODEL
-from embforge.training.config import TrainConfig
+from embforge.training.config import FLAT_FIELDS, TrainConfig
 from embforge.training.spec import RunSpec, load_toml
 
 
@@ -24,7 +24,7 @@ class PipelineError(ValueError):
 
 _TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit", "teacher", "lists"}
 _TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages", "teacher_cache"}
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"output", "resume", "max_steps"}
+_CONFIG_FIELDS = set(FLAT_FIELDS) - {"output", "resume", "max_steps"}
 _STAGE_KEYS = {"name", "tasks", "steps", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
 
 
@@ -142,8 +142,11 @@ _STAGE_OVERRIDES = {"matryoshka_dims", "matryoshka_weights"}
 def refusal(key: str) -> str | None:
     """Why a single run's field ``key`` cannot be given with a pipeline file (what the field declares, e.g.
     ``loss``: each task names its own); ``None`` when it overrides every stage or the pipeline's model."""
-    for owner in (RunSpec, TrainConfig):
-        if key in {f.name for f in dataclasses.fields(owner)} and about_field(owner, key).pipeline:
+    for owner, names in (
+        (RunSpec, {f.name for f in dataclasses.fields(RunSpec)}),
+        (TrainConfig, FLAT_FIELDS),
+    ):
+        if key in names and about_field(owner, key).pipeline:
             return about_field(owner, key).pipeline
     if key in _TOP_OVERRIDES or key in _STAGE_OVERRIDES or key in _CONFIG_FIELDS | {"max_steps"}:
         return None

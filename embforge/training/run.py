@@ -169,7 +169,7 @@ def source_options(spec: RunSpec) -> SourceOptions:
         columns=spec.columns,
         header=spec.header,
         max_bad_rows=spec.max_bad_rows,
-        window=spec.config.shuffle_window or SourceOptions.window,
+        window=spec.config.data.shuffle_window or SourceOptions.window,
         cache_dir=spec.data_cache,
         split=spec.data_split,
     )
@@ -190,7 +190,7 @@ def load_model(spec: RunSpec) -> Any:
     """The model a run starts from, of the kind ``spec.model_type`` names (:mod:`embforge.kinds`): a dense
     bi-encoder, a cross-encoder (a new one-logit head on a bi-encoder), or another kind's class."""
     kind = parse_kind(spec.model_type)
-    if kind in (ModelKind.SPARSE, ModelKind.STATIC) and spec.config.lora_r:
+    if kind in (ModelKind.SPARSE, ModelKind.STATIC) and spec.config.lora.lora_r:
         raise ValueError(
             f"LoRA is not supported for {kind.value} models (their folders hold no adapters); train all weights "
             "(drop --lora-r)"
@@ -218,10 +218,10 @@ def load_model(spec: RunSpec) -> Any:
 
 
 def with_lora(model: Any, config: TrainConfig) -> Any:
-    """``model`` with LoRA adapters when ``config.lora_r`` > 0 (only the adapters train); else unchanged."""
+    """``model`` with LoRA adapters when ``config.lora.lora_r`` > 0 (only the adapters train); else unchanged."""
     from embforge.modeling.lora import LoraConfig, apply_lora, uses_adapters
 
-    lora = LoraConfig.from_fields(config)
+    lora = LoraConfig.from_fields(config.lora)
     if lora.enabled and not uses_adapters(model):  # an adapted folder already brings its adapters
         apply_lora(
             model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets, seed=config.seed
@@ -271,7 +271,7 @@ def run(spec: RunSpec) -> dict[str, Any]:
     before the model loads.
     """
     check_inputs(spec)
-    claim_output(spec.config.output, resume=spec.config.resume, overwrite=spec.overwrite)
+    claim_output(spec.config.output, resume=spec.config.checkpoints.resume, overwrite=spec.overwrite)
     model = load_model(spec)
     tasks = build_tasks(spec, model) if spec.train or not spec.retrieval_train else []
     evaluator = make_evaluator(spec.eval, model, columns=spec.columns) if spec.eval else None
@@ -330,7 +330,7 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
         total_steps=steps,
         output=spec.config.output,
         other_tasks=tasks,
-        resume=spec.config.resume,
+        resume=spec.config.checkpoints.resume,
     )
     evaluator = None
     if spec.retrieval_eval_split:

@@ -14,7 +14,7 @@ from typing import Any
 from embforge.fields import about, setting
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.ranges import NON_NEGATIVE_INT, POSITIVE_INT, RATIO
-from embforge.training.config import TrainConfig
+from embforge.training.config import FLAT_FIELDS, TrainConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -192,7 +192,7 @@ class RunSpec:
 
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"config"}
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+_CONFIG_FIELDS = set(FLAT_FIELDS)  # TrainConfig's flat fields (each in one of its parts)
 
 
 def spec_from_dict(values: dict[str, Any], *, source: str = "config") -> RunSpec:

@@ -21,9 +21,7 @@ from embforge.files import append_jsonl
 from embforge.merge import layer_depths
 from embforge.modeling.precision import amp_dtype
 from embforge.protocols import TrainableModel
-from embforge.training.anchor import Anchor, start_anchor
 from embforge.training.artifacts import clear_finished
-from embforge.training.averaging import WeightAverage, weight_average
 from embforge.training.checkpoints import (
     CheckpointError,
     Stateful,
@@ -34,11 +32,11 @@ from embforge.training.checkpoints import (
 )
 from embforge.training.config import TrainConfig, planned_steps
 from embforge.training.distributed import DataParallel, init_from_env, is_main, rank_device
+from embforge.training.extras import Extra, build_extras
 from embforge.training.feed import Feed
 from embforge.training.host_memory import HostMemory
 from embforge.training.state import Progress
 from embforge.training.tasks import Task
-from embforge.training.weighting import DynamicWeights
 
 
 class Trainable(TrainableModel, Protocol):
@@ -121,7 +119,7 @@ def _linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
 @dataclass
 class Trainer:
     """What the loop steps: the model and the tasks' losses, the optimiser with its learning-rate schedule and
-    fp16 loss scaler, the optional weight average and loss-share task weights, and where it all runs."""
+    fp16 loss scaler, the off-by-default features a config asks for (``extras``), and where it all runs."""
 
     model: Trainable
     losses: nn.ModuleList
@@ -135,9 +133,8 @@ class Trainer:
     weights: list[float]  # the tasks' sampling weights
     world: int = 1  # processes under torchrun
     main: bool = True  # rank 0 writes metrics, checkpoints and models
-    average: WeightAverage | None = None  # EMA or a soup of the last k checkpoints (training/averaging.py)
-    anchor: Anchor | None = None  # L2-SP / WiSE-FT toward the starting weights (training/anchor.py)
-    dynamic: DynamicWeights | None = None  # loss-share task weights (training/weighting.py)
+    # anchor, weight average, loss-share task weights ... as the config asks (training/extras.py)
+    extras: list[Extra] = field(default_factory=list)
     parallel: DataParallel | None = None  # torchrun: the model in DDP (training/distributed.py)
     resumed_from: Path | None = None
     # freed heap pages handed back to the system (training/host_memory.py)
@@ -157,15 +154,19 @@ class Trainer:
             "scheduler": self.scheduler,
             "scaler": self.scaler,
         }
-        if self.average is not None:
-            parts["averaging"] = self.average
-        if self.anchor is not None:
-            parts["anchor"] = self.anchor
+        parts.update({extra.state_key: extra for extra in self.extras if extra.state_key is not None})
         return parts
 
     def task_weights(self) -> list[float]:
-        """The weights the plan draws the next batch's task with."""
-        return self.dynamic.weights if self.dynamic is not None else self.weights
+        """The weights the plan draws the next batch's task with (the extras may change them)."""
+        weights = self.weights
+        for extra in self.extras:
+            weights = extra.task_weights(weights)
+        return weights
+
+    def rate(self) -> float:
+        """The learning rate of the step being taken (of the first parameter group: the run's full rate)."""
+        return float(self.scheduler.get_last_lr()[0])
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Every parameter the optimiser updates (the model's and the losses' own)."""
@@ -178,35 +179,28 @@ class Trainer:
 
     def backward(self, loss: Tensor) -> None:
         """Back-propagate a micro-step's loss: scaled for fp16, divided by the micro-steps per optimiser step."""
-        self.scaler.scale(loss / self.config.grad_accum).backward()
+        self.scaler.scale(loss / self.config.optim.grad_accum).backward()
 
 
 def set_up(model: Trainable, tasks: list[Task], config: TrainConfig) -> tuple[Trainer, Feed]:
     """Join the process group (torchrun), seed, move the model to its device, ready the tasks and make the
     optimiser, the schedule and the rest of the trainer for a run of :func:`planned_steps` steps."""
     world = init_from_env()  # under torchrun: join the process group (training/distributed.py)
-    device = rank_device(resolve_device(config.device))
+    device = rank_device(resolve_device(config.scale.device))
     seed_everything(config.seed)
     model.to(device)
-    if config.gradient_checkpointing:
+    if config.scale.gradient_checkpointing:
         model.gradient_checkpointing(True)
     losses = nn.ModuleList([t.loss for t in tasks]).to(device)
     feed = Feed.build(model, tasks, config)
     weights = [t.weight for t in tasks]
     total_steps = planned_steps(feed.inputs.sizes, config)
-    optimizer = _adamw(_param_groups(model, losses, config.weight_decay, config.layer_lr_decay), config.lr)
-    warmup = int(config.warmup_ratio * total_steps)
+    optimizer = _adamw(
+        _param_groups(model, losses, config.optim.weight_decay, config.optim.layer_lr_decay), config.optim.lr
+    )
+    warmup = int(config.optim.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _linear_schedule(warmup, total_steps))
-    dtype = amp_dtype(config.amp, device)
-    dynamic = None
-    if config.dynamic_weights_every:
-        dynamic = DynamicWeights(
-            weights,
-            every=config.dynamic_weights_every,
-            smoothing=config.dynamic_weights_smoothing,
-            relative=config.dynamic_weights_relative,
-            names=[t.name for t in tasks],
-        )
+    dtype = amp_dtype(config.scale.amp, device)
     trainer = Trainer(
         model,
         losses,
@@ -220,23 +214,21 @@ def set_up(model: Trainable, tasks: list[Task], config: TrainConfig) -> tuple[Tr
         weights,
         world=world,
         main=is_main(),
-        average=weight_average(config, total_steps),
-        anchor=start_anchor(model, tasks, config),  # the weights before the first step
-        dynamic=dynamic,
+        extras=build_extras(model, tasks, config, total_steps=total_steps),  # before the first step
     )
     return trainer, feed
 
 
 def start(trainer: Trainer, feed: Feed) -> Progress:
-    """Begin the run: at step 0, or (``config.resume``) from the last checkpoint, every piece of state restored
+    """Begin the run: at step 0, or (``config.checkpoints.resume``) from the last checkpoint, every piece of state restored
     and the training files checked to be the ones it read (:func:`check_data`); under torchrun the model is then
     wrapped in DDP."""
     config, out = trainer.config, trainer.out
     trainer.data_files = feed.files()
-    if not config.resume and trainer.main:
+    if not config.checkpoints.resume and trainer.main:
         clear_finished(out)  # a new run in a finished run's folder (training/artifacts.py)
     log = out / "metrics.jsonl" if trainer.main else None
-    checkpoint = start_run(out / "checkpoints", resume=config.resume, log=log)
+    checkpoint = start_run(out / "checkpoints", resume=config.checkpoints.resume, log=log)
     progress = Progress()
     if checkpoint is not None:
         progress = restore(trainer, checkpoint)
@@ -244,21 +236,21 @@ def start(trainer: Trainer, feed: Feed) -> Progress:
         if log is not None:
             append_jsonl(log, {"event": "resume", "from": checkpoint.name, **progress.to_dict()})
     trainer.resumed_from = checkpoint
-    if trainer.dynamic is not None and progress.dynamic_weights is not None:
-        trainer.dynamic.load_state_dict(progress.dynamic_weights)
+    for extra in trainer.extras:  # their part of progress.json (the task weights)
+        extra.load_progress(progress)
     if trainer.world > 1:  # every rank computes its part of each batch (training/distributed.py)
         assert isinstance(trainer.model, nn.Module)  # DDP wraps a torch module (every model kind is one)
-        trainer.parallel = DataParallel(trainer.model, gather=config.gather_negatives)
+        trainer.parallel = DataParallel(trainer.model, gather=config.scale.gather_negatives)
     return progress
 
 
 def check_data(trainer: Trainer, checkpoint: Path) -> None:
     """Refuse to resume from ``checkpoint`` when the training files it records are not the run's files now (one
     replaced, rewritten, deleted or added): the resumed run would not continue at the row it stopped at.
-    ``config.allow_data_change`` resumes anyway."""
+    ``config.checkpoints.allow_data_change`` resumes anyway."""
     recorded = read_data_files(checkpoint)
     change = first_change(recorded, trainer.data_files) if recorded is not None else None
-    if change is None or trainer.config.allow_data_change:
+    if change is None or trainer.config.checkpoints.allow_data_change:
         return
     detail = f" ({change.detail})" if change.detail else ""
     raise CheckpointError(

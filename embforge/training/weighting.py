@@ -12,14 +12,34 @@ first divided by its own first window's mean (``\\bar L_t / \\bar L_t^{(0)}``, t
 schemes), so that tasks are compared by how far their loss has come down rather than by its scale — otherwise a
 CoSENT task (loss ~7) outweighs an InfoNCE task (~0.6) whatever their progress. A task that gave no batch in the window
 keeps its previous mean (or, if it has none yet, its current weight as its target), so rarely sampled tasks
-are not starved. Weights never drop below ``floor`` (then are renormalised) so every task keeps being seen.
+are not starved; a loss that is not finite is left out (the loop reports it at its next log line). Weights never drop below ``floor`` (then are renormalised) so every task keeps being seen.
 The state is a plain dict saved with the trainer's progress, so a resumed run continues the same schedule.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import torch
+from torch import Tensor
+
+from embforge.fields import check_ranges, setting
+from embforge.ranges import NON_NEGATIVE_INT, RATIO
+
+
+@dataclass
+class DynamicWeighting:
+    """Loss-share task weights as a run asks for them (``TrainConfig.weighting``; ``every`` 0: fixed weights)."""
+
+    dynamic_weights_every: int = setting(0, range=NON_NEGATIVE_INT)  # 0 = fixed weights
+    dynamic_weights_smoothing: float = setting(0.5, range=RATIO)
+    dynamic_weights_relative: bool = False
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class DynamicWeights:
@@ -63,11 +83,23 @@ class DynamicWeights:
         self.sums = [0.0] * len(weights)
         self.counts = [0] * len(weights)
         self.means: list[float | None] = [None] * len(weights)
+        self.pending: list[tuple[int, float | Tensor]] = []  # losses not read yet
 
-    def observe(self, task: int, loss: float) -> None:
-        """Record one batch's loss for ``task``."""
-        self.sums[task] += float(loss)
-        self.counts[task] += 1
+    def observe(self, task: int, loss: float | Tensor) -> None:
+        """Record one batch's loss for ``task`` (a tensor is read when the weights next need it, all at once: no
+        device sync per batch)."""
+        self.pending.append((task, loss))
+
+    def _fold(self) -> None:
+        """Add the pending losses to their task's window (one read of the device for all of them)."""
+        tensors = [loss.detach().float() for _, loss in self.pending if isinstance(loss, Tensor)]
+        read = iter(torch.stack(tensors).tolist() if tensors else [])
+        for task, loss in self.pending:
+            value = next(read) if isinstance(loss, Tensor) else float(loss)
+            if math.isfinite(value):
+                self.sums[task] += value
+                self.counts[task] += 1
+        self.pending = []
 
     def step(self, step: int) -> dict[str, object] | None:
         """After optimiser step ``step``: update the weights when it is a multiple of ``every``.
@@ -78,6 +110,7 @@ class DynamicWeights:
         """
         if step % self.every:
             return None
+        self._fold()
         for t, (total, count) in enumerate(zip(self.sums, self.counts)):
             if count:
                 self.means[t] = total / count
@@ -109,6 +142,7 @@ class DynamicWeights:
 
     def state_dict(self) -> dict[str, list[float] | list[int] | list[float | None]]:
         """JSON-able state (weights, the current window and the last means)."""
+        self._fold()
         return {
             "weights": self.weights,
             "sums": self.sums,

@@ -295,7 +295,7 @@ def test_max_bad_rows_counts_every_file_of_the_run(tmp_path, mode, tiny_encoder)
         max_bad_rows=4,
         data_cache=str(tmp_path / "c4"),
     )
-    spec.config.shuffle_window = 64
+    spec.config.data.shuffle_window = 64
     with pytest.raises(
         DataError, match=r"part-1\.jsonl:20:.*over --max-bad-rows"
     ):  # one count for the run's tasks

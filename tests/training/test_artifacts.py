@@ -56,8 +56,8 @@ def test_keep_training_state_keeps_what_resume_needs(tmp_path, tiny_model_dir, s
 def test_keep_training_state_flag_reaches_the_config():
     args = build_parser().parse_args(["train", "--train", "x.csv", "--keep-training-state"])
     assert args.keep_training_state is True
-    assert spec_from_dict({"keep_training_state": True}).config.keep_training_state is True
-    assert TrainConfig().keep_training_state is False
+    assert spec_from_dict({"keep_training_state": True}).config.checkpoints.keep_training_state is True
+    assert TrainConfig().checkpoints.keep_training_state is False
 
 
 def _cli_train(tiny_model_dir, sts_csv, out, *extra):

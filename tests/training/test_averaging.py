@@ -15,6 +15,7 @@ from embforge.encoder import Encoder
 from embforge.losses import get_loss
 from embforge.training.averaging import WeightAverage
 from embforge.training.config import TrainConfig
+from embforge.training.extras import Averaged, build_extras
 from embforge.training.loop import train
 from embforge.training.tasks import Task
 from tests.conftest import make_bert, make_tokenizer
@@ -149,3 +150,49 @@ def cli_summary(out: Path, model_dir: Path, sts_csv: Path, *flags: str) -> dict:
 def test_cli_flags_reach_the_config(tmp_path, tiny_model_dir, sts_csv):
     summary = cli_summary(tmp_path / "cli", tiny_model_dir, sts_csv, "--ema-decay", "0.9", "--ema-start", "1")
     assert summary["averaged"] == {"kind": "ema", "decay": 0.9, "start": 1, "count": 2}
+
+
+def _trajectory_average(model: nn.Module, **options) -> tuple[Averaged, dict[int, dict[str, torch.Tensor]]]:
+    """The run's weight average (``options``) fed 8 seeded steps of random moves of ``model``; the weights after
+    each step."""
+    (extra,) = build_extras(model, [], TrainConfig(**options), total_steps=8)
+    assert isinstance(extra, Averaged)
+    generator = torch.Generator().manual_seed(0)
+    states = {}
+    for step in range(1, 9):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=generator), alpha=1e-2)
+        states[step] = _weights(model)
+        extra.after_step(model, step=step, lr=1e-3)
+    return extra, states
+
+
+def test_the_ema_is_the_hand_ema_of_the_weights_after_each_step():
+    """The EMA of torch.optim.swa_utils (issue #50) is the float64 hand EMA within float32 rounding."""
+    model = _model()
+    extra, states = _trajectory_average(model, ema_decay=0.8, ema_start=3)
+    extra.at_end(model)
+    expected = {k: v.double() for k, v in states[3].items()}
+    for step in range(4, 9):
+        expected = {k: 0.8 * expected[k] + 0.2 * states[step][k].double() for k in expected}
+    _assert_equal(_weights(model), {k: v.float() for k, v in expected.items()}, atol=1e-6)
+    assert extra.describe() == {"kind": "ema", "decay": 0.8, "start": 3, "count": 6}
+
+
+def test_an_average_saved_as_a_name_to_tensor_map_resumes():
+    """A checkpoint's ``averaging`` entry (``{"count", "average": {weight name: float32 tensor}}``, as every
+    embforge version wrote it) restores the average; its state is saved the same way."""
+    model = _model()
+    extra, _ = _trajectory_average(model, ema_decay=0.5)
+    state = extra.state_dict()
+    assert state["count"] == 8 and set(state["average"]) >= {n for n, _ in model.named_parameters()}
+    saved = {"count": 8, "average": {k: v.clone() + 1.0 for k, v in state["average"].items()}}
+    other = _model()
+    (restored,) = build_extras(other, [], TrainConfig(ema_decay=0.5), total_steps=8)
+    restored.load_state_dict(saved)
+    restored.at_end(other)
+    params = dict(other.named_parameters())
+    for name, param in params.items():
+        torch.testing.assert_close(param.detach(), saved["average"][name], msg=name)
+    assert restored.describe()["count"] == 8

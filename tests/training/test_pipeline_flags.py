@@ -74,13 +74,11 @@ def test_task_flags_are_refused_naming_the_flag(tmp_path, tiny_model_dir, capsys
 def test_every_flag_overrides_a_field_of_every_stage_or_is_refused():
     """A flag's field either lands in each stage's TrainConfig (or the pipeline's model / Matryoshka settings) or
     declares why a pipeline cannot take it: a new field cannot be dropped silently."""
-    import dataclasses
-
     from embforge.cli.train import _fields
-    from embforge.training.config import TrainConfig
+    from embforge.training.config import FLAT_FIELDS
     from embforge.training.pipeline_file import refusal
 
-    settable = {f.name for f in dataclasses.fields(TrainConfig)} | {
+    settable = set(FLAT_FIELDS) | {
         "model",
         "max_seq_length",
         "matryoshka_dims",
@@ -99,11 +97,11 @@ def test_overrides_of_a_parsed_pipeline(tmp_path, tiny_model_dir):
         pipeline, {"epochs": 2, "lr": None, "model": "other", "matryoshka_dims": [8]}
     )
     assert given == {"epochs": 2, "model": "other", "matryoshka_dims": [8], "max_steps": None}
-    assert [(s.config.epochs, s.config.max_steps, s.config.lr) for s in changed.stages] == [
+    assert [(s.config.optim.epochs, s.config.optim.max_steps, s.config.optim.lr) for s in changed.stages] == [
         (2, None, 1e-3)
     ] * 2
     assert changed.model == "other" and [s.matryoshka_dims for s in changed.stages] == [[8], [8]]
-    assert [s.config.max_steps for s in pipeline.stages] == [3, 3]  # the parsed pipeline is unchanged
+    assert [s.config.optim.max_steps for s in pipeline.stages] == [3, 3]  # the parsed pipeline is unchanged
     with pytest.raises(PipelineError, match="lr must be a finite number > 0"):
         with_overrides(pipeline, {"lr": -1.0})
     with pytest.raises(PipelineError, match=r"num_negatives cannot be set for a pipeline: .*mine = "):
