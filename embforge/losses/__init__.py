@@ -1,7 +1,7 @@
 """Bi-encoder losses, selectable by name. Each takes embeddings (one tensor per text column) and labels.
 
 Sixteen by name in :data:`LOSSES` (the ``--loss`` choices of a dense, static or sparse model) plus the
-:class:`MatryoshkaLoss` wrapper; cross-encoder losses are in :mod:`embforge.losses.cross`, multi-vector (MaxSim)
+:class:`MatryoshkaLoss` and :class:`CentroidLoss` wrappers; cross-encoder losses are in :mod:`embforge.losses.cross`, multi-vector (MaxSim)
 ones in :mod:`embforge.losses.late`. Each class's docstring gives its formula, the columns it reads, its paper and
 an example.
 """
@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from embforge.losses.base import EmbeddingLoss
+from embforge.losses.centroid import CentroidLoss
 from embforge.losses.classification import ClusterLoss, PrototypeLoss, SupConLoss
 from embforge.losses.cosent import CoSENTLoss, cosent
 from embforge.losses.distill import KLDistillLoss, MarginMSEDistillLoss, MSEDistillLoss
@@ -45,6 +46,7 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
 
 __all__ = [
     "LOSSES",
+    "CentroidLoss",
     "ClusterLoss",
     "CoSENTLoss",
     "ContrastiveLoss",
@@ -88,8 +90,9 @@ def get_loss(
         matryoshka_dims: Wrap the loss in :class:`MatryoshkaLoss` at these dimensions.
         matryoshka_weights: Weights of the Matryoshka dimensions (default all 1).
         **options: Keyword arguments of the loss class (e.g. ``temperature=0.02``, ``scale=20``), and for any
-            dense loss ``centroid``: the weight of :func:`embforge.losses.base.centroid_penalty` added to it, and
-            ``centroid_columns``: the leading text columns it covers (default all).
+            dense loss ``centroid``: the weight of :func:`embforge.losses.centroid.centroid_penalty` added to it
+            (the loss wrapped in :class:`CentroidLoss`), and ``centroid_columns``: the leading text columns it
+            covers (default all).
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
@@ -104,7 +107,8 @@ def get_loss(
         loss = cls(**options)
     except TypeError as err:
         raise ValueError(f"bad option for loss {name!r}: {err}") from None
-    loss.centroid, loss.centroid_columns = centroid, centroid_columns
+    if centroid:  # inside Matryoshka: each prefix has its own penalty
+        loss = CentroidLoss(loss, centroid=centroid, centroid_columns=centroid_columns)
     if matryoshka_dims:
         loss = MatryoshkaLoss(loss, matryoshka_dims, matryoshka_weights)
     return loss

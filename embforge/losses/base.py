@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -56,11 +55,6 @@ class EmbeddingLoss(BaseLoss):
     embedding of the k-th text column (in :attr:`embforge.data.tables.Dataset.text_columns` order).
     """
 
-    centroid = 0.0
-    """Weight of :func:`centroid_penalty` added to the loss (``options = { centroid = 20.0 }``; 0: none)."""
-    centroid_columns: int | None = None
-    """How many leading text columns the penalty spreads (``centroid_columns = 1``: the queries of a query →
-    candidates task only); ``None``: every column."""
     guide: str | None = None
     """A guide model (folder or name) whose embeddings of each batch's texts the training task passes as the
     labels (``(n, columns, D)``, no gradient): :class:`embforge.losses.gist.GISTLoss`; ``None``: none."""
@@ -72,36 +66,12 @@ class EmbeddingLoss(BaseLoss):
         raise NotImplementedError
 
     def __call__(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
-        """``forward`` with the labels moved to the embeddings' device (labels are often built on the CPU), plus
-        ``centroid`` × :func:`centroid_penalty` when ``centroid`` is set."""
+        """``forward`` with the labels moved to the embeddings' device (labels are often built on the CPU). A
+        penalty added to any loss is a wrapper (:class:`embforge.losses.centroid.CentroidLoss`)."""
         if labels is not None and embeddings:
             labels = labels.to(embeddings[0].device)
-        loss = super().__call__(embeddings, labels)
-        if self.centroid:
-            loss = loss + self.centroid * centroid_penalty(embeddings[: self.centroid_columns])
+        loss: Tensor = super().__call__(embeddings, labels)
         return loss
-
-
-def centroid_penalty(embeddings: list[Tensor]) -> Tensor:
-    r"""Squared norm of the mean unit embedding of every text in the batch (all columns), in float32.
-
-    .. math:: \Big\lVert \frac{1}{n} \sum_i \frac{e_i}{\lVert e_i \rVert} \Big\rVert^2
-        = \frac{1}{n^2} \sum_{i, j} \cos(e_i, e_j)
-
-    the mean cosine of all pairs of the batch's texts (self-pairs included, so ``1/n`` at its lowest for a
-    perfectly spread batch). A loss with in-batch negatives (InfoNCE) keeps texts apart by itself; one that only
-    orders or regresses pair scores (CoSENT, MSE, listwise distillation) does not, and fine-tuning with it lets
-    the space contract (every text nearer every other: anisotropy), which costs what the loss never sees —
-    classes that a linear probe separates by fine directions. As an added term it pulls the batch's centroid
-    back to the origin and nothing else.
-
-    Example:
-        >>> import torch
-        >>> round(float(centroid_penalty([torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]])])), 4)
-        0.5
-    """
-    unit = F.normalize(torch.cat([e.float() for e in embeddings]), dim=-1)
-    return unit.mean(0).square().sum()
 
 
 def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:

@@ -11,8 +11,9 @@ import torch
 from embforge.data.tables import read_table
 from embforge.encoder import Encoder
 from embforge.kinds import ModelKind
-from embforge.losses import CoSENTLoss, get_loss
-from embforge.losses.base import centroid_penalty, cosine_matrix
+from embforge.losses import CentroidLoss, CoSENTLoss, MatryoshkaLoss, get_loss
+from embforge.losses.base import cosine_matrix
+from embforge.losses.centroid import centroid_penalty
 from embforge.training.config import TrainConfig
 from embforge.training.loop import train
 from embforge.training.pipeline import load_pipeline
@@ -38,7 +39,8 @@ def test_penalty_is_the_mean_cosine_of_all_pairs(emb):
 def test_option_adds_the_weighted_penalty_to_any_dense_loss(emb):
     labels = torch.tensor([0.0, 1.0, 3.0, 5.0, 2.0, 4.0])
     plain, with_it = get_loss("cosent"), get_loss("cosent", centroid=20.0)
-    assert plain.centroid == 0.0 and with_it.centroid == 20.0
+    assert not isinstance(plain, CentroidLoss) and isinstance(with_it, CentroidLoss)  # a visible wrapper
+    assert with_it.centroid == 20.0 and with_it.name == "cosent" and isinstance(with_it.inner, CoSENTLoss)
     expected = plain(emb, labels) + 20.0 * centroid_penalty(emb)
     assert with_it(emb, labels).item() == pytest.approx(expected.item(), rel=1e-6)
     mse = get_loss("mse", centroid=3)
@@ -53,6 +55,7 @@ def test_option_adds_the_weighted_penalty_to_any_dense_loss(emb):
         for d, w in ((16, 1.0), (8, 0.5))
     )
     assert nested(emb, labels).item() == pytest.approx(float(by_hand), rel=1e-5)
+    assert isinstance(nested, MatryoshkaLoss) and isinstance(nested.inner, CentroidLoss)  # the penalty inside
 
 
 def test_option_gradient_moves_texts_away_from_their_centroid(emb):
@@ -71,7 +74,9 @@ def test_centroid_columns_spreads_the_leading_columns_only(emb):
     queries_only = get_loss(
         "kl_distill", similarity="cosine", temperature=0.05, centroid=4.0, centroid_columns=1
     )
-    assert queries_only.centroid_columns == 1 and get_loss("cosent", centroid=1.0).centroid_columns is None
+    every = get_loss("cosent", centroid=1.0)
+    assert isinstance(queries_only, CentroidLoss) and queries_only.centroid_columns == 1
+    assert isinstance(every, CentroidLoss) and every.centroid_columns is None
     expected = plain(lists, scores) + 4.0 * centroid_penalty(lists[:1])
     assert queries_only(lists, scores).item() == pytest.approx(expected.item(), rel=1e-6)
     assert centroid_penalty(lists[:1]).item() != pytest.approx(centroid_penalty(lists).item(), rel=0.1)
@@ -149,10 +154,13 @@ def test_the_centroid_recipe_sets_it_on_its_tasks_without_in_batch_negatives_onl
     recipe = Path(__file__).resolve().parents[2] / "benchmarks" / "general_centroid.toml"
     tasks = load_pipeline(recipe).stages[0].tasks
     losses = {t.name: get_loss(t.loss, dim=384, num_labels=77, **t.options) for t in tasks}
-    weights = {name: loss.centroid for name, loss in losses.items()}
+    weights = {
+        name: loss.centroid if isinstance(loss, CentroidLoss) else 0.0 for name, loss in losses.items()
+    }
     assert weights == {"stsb": 20.0, "mrpc": 20.0, "wikiqa-lists": 10.0} | {
         n: 0.0 for n in weights if n not in ("stsb", "mrpc", "wikiqa-lists")
     }
     assert {t.loss for t in tasks if weights[t.name]} == {"cosent", "kl_distill"}
-    assert losses["wikiqa-lists"].centroid_columns == 1  # the questions only
-    assert losses["stsb"].centroid_columns is None
+    wikiqa, stsb = losses["wikiqa-lists"], losses["stsb"]
+    assert isinstance(wikiqa, CentroidLoss) and wikiqa.centroid_columns == 1  # the questions only
+    assert isinstance(stsb, CentroidLoss) and stsb.centroid_columns is None
