@@ -105,9 +105,8 @@ def model_settings(model: MergeableModel, folder: ModelPath | None = None) -> di
     extra = _st_config(folder)
     for key in _ST_KEYS:
         settings.setdefault(key, extra.get(key))
-    settings["similarity_fn_name"] = (
-        settings["similarity_fn_name"] or "cosine"
-    )  # sentence-transformers' default
+    # a folder that names no similarity function means sentence-transformers' default, cosine
+    settings["similarity_fn_name"] = settings["similarity_fn_name"] or "cosine"
     settings["prompts"] = settings["prompts"] or {}
     return settings
 
