@@ -4,8 +4,8 @@ Base all-MiniLM-L6-v2, specialist ``runs/stsb-cosent`` (``make main``: CoSENT on
 
 - ``linear`` at t = 0, 0.25, 0.5, 0.75, 1 (t = 0 is the base, 1 the specialist): the straight line between them,
   the floor the other methods are read against;
-- ``slerp`` t = 0.5; ``task_arithmetic``, ``ties``, ``dare_linear``, ``dare_ties`` at weight 0.5 (density 0.5 for
-  the last three; TIES and DARE with one specialist trim / drop its task vector);
+- ``slerp`` t = 0.5; ``task_arithmetic`` at weight 0.5; ``ties``, ``dare_linear``, ``dare_ties`` at weights 0.5 and 1
+  (density 0.5: TIES keeps the specialist's task vector's larger half, DARE a random half rescaled by 2);
 - ``model_stock`` needs two or more fine-tuned models: the specialist and a second one (``--second``: the same
   recipe with another seed); its ratio comes from their task vectors' angle. Beside it, the second specialist
   alone and the plain average of the two (``linear`` 0.5/0.5), what Model Stock is read against.
@@ -52,17 +52,18 @@ def recipes(args: argparse.Namespace) -> list[dict[str, Any]]:
             "weights": [0.5],
         }
     )
-    for method in ("ties", "dare_linear", "dare_ties"):
-        rows.append(
-            {
-                "label": f"{method} w=0.5 d={args.density:g}",
-                "models": [spec],
-                "base": base,
-                "method": method,
-                "weights": [0.5],
-                "density": args.density,
-            }
-        )
+    for w in (0.5, 1.0):
+        for method in ("ties", "dare_linear", "dare_ties"):
+            rows.append(
+                {
+                    "label": f"{method} w={w:g} d={args.density:g}",
+                    "models": [spec],
+                    "base": base,
+                    "method": method,
+                    "weights": [w],
+                    "density": args.density,
+                }
+            )
     if second:
         rows.append(
             {"label": "second specialist", "models": [base, second], "method": "linear", "weights": [0, 1]}
