@@ -167,7 +167,7 @@ def build_extras(
     anchor = start_anchor(model, tasks, config.anchor, seed=config.seed)
     if anchor is not None:
         extras.append(Anchored(anchor))
-    average = weight_average(config.averaging, total_steps, save_every=config.checkpoints.save_every)
+    average = weight_average(model, config.averaging, total_steps, save_every=config.checkpoints.save_every)
     if average is not None:
         extras.append(Averaged(average))
     weighting = config.weighting

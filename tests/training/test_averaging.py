@@ -118,9 +118,9 @@ def test_resume_restores_the_ema_state(tmp_path, sts_csv):
 
 
 def test_soup_members_count_back_from_the_last_step():
-    average = WeightAverage(total_steps=10, soup_last=3, soup_every=4)
+    average = WeightAverage(_model(), total_steps=10, soup_last=3, soup_every=4)
     assert average.members() == [2, 6, 10]
-    assert WeightAverage(total_steps=5, soup_last=9, soup_every=2).members() == [1, 3, 5]
+    assert WeightAverage(_model(), total_steps=5, soup_last=9, soup_every=2).members() == [1, 3, 5]
 
 
 @pytest.mark.parametrize(
