@@ -118,10 +118,9 @@ def test_query_columns_are_marked_one_way(tmp_path: Path) -> None:
 # A model class declaring its kind (``kind: ClassVar[ModelKind] = ModelKind.X``) is the declaration the registry
 # reads, not a comparison: allowed anywhere.
 DECLARATION = re.compile(r"^\s*kind: ClassVar\[ModelKind\] = ModelKind\.\w+")
-# Comparisons still in files another change of issue #49 owns (training/run.py, training/pipeline.py): they must
-# go, asking the record instead (kind_record(...).default_loss / .retrieval_loss / .lora / .pair_scoring /
-# .build_loss / .evaluator / .model_cls()); lower these counts as they do, never raise them.
-PENDING = {"embforge/training/run.py": 12, "embforge/training/pipeline.py": 3}
+# Files allowed a kind comparison, with their count: none (training/run.py and training/pipeline.py ask the
+# record: kind_record(...).default_loss / .retrieval_loss / .lora / .pair_scoring / .build_loss / .evaluator).
+PENDING: dict[str, int] = {}
 
 
 def test_generic_code_asks_the_record_instead_of_comparing_kinds() -> None:

@@ -56,7 +56,7 @@ from embforge.data.retrieval import size_of, training_pairs
 from embforge.data.tables import DataError, Dataset, read_table
 from embforge.distill import targets
 from embforge.distill.lists import candidate_lists
-from embforge.kinds import ModelKind, kind_of
+from embforge.kinds import ModelKind, kind_record
 from embforge.losses.base import BaseLoss
 from embforge.progress import phase
 from embforge.training.artifacts import OutputInUse, claim_output, link_identical
@@ -184,7 +184,7 @@ def _task(spec: TaskSpec, data: Dataset, loss: BaseLoss, where: str) -> Task:
 
 
 def check_stage(
-    stage: Stage, index: int, pipeline: Pipeline, *, dim: int | None, kind: ModelKind = ModelKind.DENSE
+    stage: Stage, index: int, pipeline: Pipeline, *, dim: int | None, kind: ModelKind | str = "dense"
 ) -> None:
     """Check a stage before any model is loaded: its data exist and have the columns its losses need; the loss
     names, options and mining settings are valid; Matryoshka dimensions fit a model of ``dim`` (``None``: a
@@ -204,7 +204,7 @@ def check_stage(
                     f"{where}: field 'mine': the teacher scores the task's rows before negatives are mined; mine "
                     "them in a file first ('embforge mine') and give the teacher that file"
                 )
-            if kind == ModelKind.CROSS:
+            if kind_record(kind).pair_scoring:
                 raise PipelineError(
                     f"{where}: field 'mine': negatives are mined with an embedding model, and a cross-encoder "
                     "scores pairs; mine them in a file first ('embforge mine') and train on that file"
@@ -300,7 +300,7 @@ def _mined(spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path
     return read_table(cached)
 
 
-def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind = ModelKind.DENSE) -> None:
+def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind | str = "dense") -> None:
     """Check every stage (:func:`check_stage`) up front, for a model of ``kind`` and dimension ``dim`` (``None``
     for a cross-encoder)."""
     for i, stage in enumerate(pipeline.stages, 1):
@@ -351,7 +351,7 @@ def run_pipeline(
     pipeline, overridden = overridden_pipeline(pipeline, output, {**(overrides or {}), **named})
     if model is None:
         model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
-    validate_pipeline(pipeline, dim=model_dim(model), kind=kind_of(model))  # before any training
+    validate_pipeline(pipeline, dim=model_dim(model), kind=kind_record(model).kind)  # before any training
     out = Path(pipeline.output)
     try:  # a folder in use: --resume continues its stages, --overwrite empties it (training/artifacts.py)
         claim_output(out, resume=resume, overwrite=overwrite)

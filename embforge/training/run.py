@@ -15,19 +15,22 @@ from typing import TYPE_CHECKING, Any, cast
 from embforge.data.retrieval import training_pairs
 from embforge.data.sources import RowSource, SourceOptions, open_source, row_count
 from embforge.data.tables import Dataset, read_table
-from embforge.kinds import ModelKind, kind_of, model_class, parse_kind
+from embforge.kinds import is_single_vector, kind_record
 from embforge.losses.base import EmbeddingLoss
 from embforge.losses.cross import CrossLoss
 from embforge.modeling.encoding import BatchEncoding
+from embforge.modeling.st_folder import is_cross_encoder_folder
 from embforge.training.artifacts import claim_output
 from embforge.training.config import TrainConfig, planned_steps
-from embforge.training.loop import train
+from embforge.training.loop import Evaluator, Refresher, train
 from embforge.training.spec import RunSpec, load_toml, spec_from_dict
 from embforge.training.tasks import Task
 
 if TYPE_CHECKING:
+    from embforge.kind_names import ModelKind
     from embforge.protocols import Embedder, Kinded
     from embforge.training.refresh import RefreshConfig
+    from embforge.training.trainer import Trainable
 
 __all__ = [
     "RunSpec",
@@ -50,49 +53,37 @@ __all__ = [
 def new_loss(
     name: str,
     *,
-    kind: ModelKind = ModelKind.DENSE,
+    kind: ModelKind | str = "dense",
     dim: int | None,
     data: Dataset | RowSource,
     options: dict[str, Any] | None = None,
     matryoshka_dims: list[int] | None = None,
     matryoshka_weights: list[float] | None = None,
 ) -> EmbeddingLoss | CrossLoss:
-    """The loss ``name`` for a model of ``kind`` and dimension ``dim``, from the names and the data alone: a
-    cross-encoder loss for a cross-encoder, a MaxSim loss for a multi-vector model, an embedding loss otherwise.
+    """The loss ``name`` for a model of ``kind`` and dimension ``dim``, from the names and the data alone: the
+    kind's record builds it (:meth:`~embforge.kinds.KindRecord.build_loss`: a cross-encoder loss for a
+    cross-encoder, a MaxSim loss for a multi-vector model, an embedding loss otherwise).
 
     The number of classes (``softmax``, ``prototype``) comes from the data's integer labels. A pipeline checks
     its stages with this before any model is loaded; :func:`make_loss` adds the model's starting values.
     """
-    options = dict(options or {})
-    if kind == ModelKind.CROSS:
-        from embforge.losses.cross import get_cross_loss
-
-        if matryoshka_dims:
-            raise ValueError("matryoshka_dims applies to bi-encoders only; drop it with a cross-encoder")
-        return get_cross_loss(name, **options)
-    if kind == ModelKind.MULTIVECTOR:  # MaxSim versions of infonce, margin_mse, kl_distill
-        from embforge.losses.late import get_multivector_loss
-
-        if matryoshka_dims:
-            raise ValueError("matryoshka_dims applies to dense bi-encoders only, not to multi-vector models")
-        return get_multivector_loss(name, **options)
-    from embforge.losses import get_loss
-
-    labels = data.labels() if isinstance(data, Dataset) else None  # a stream's labels are not all known
+    record = kind_record(kind)
+    labels = data.labels() if record.matryoshka and isinstance(data, Dataset) else None  # a stream's: unknown
     num_labels = int(labels.max()) + 1 if labels is not None and data.label_column == "label" else None
-    return get_loss(
+    loss = record.build_loss(
         name,
         dim=dim,
         num_labels=num_labels,
         matryoshka_dims=matryoshka_dims,
         matryoshka_weights=matryoshka_weights,
-        **options,
+        **(options or {}),
     )
+    return cast("EmbeddingLoss | CrossLoss", loss)
 
 
 def model_dim(model: Kinded) -> int | None:
-    """The dimension of ``model``'s embeddings; ``None`` for a cross-encoder (it scores pairs, embeds nothing)."""
-    return None if kind_of(model) == ModelKind.CROSS else cast("Embedder", model).dim
+    """The dimension of ``model``'s embeddings; ``None`` for a pair scorer (a cross-encoder embeds nothing)."""
+    return None if kind_record(model).pair_scoring else cast("Embedder", model).dim
 
 
 def make_loss(
@@ -109,7 +100,7 @@ def make_loss(
     when the data is a table (a stream's rows are not all known)."""
     loss = new_loss(
         name,
-        kind=kind_of(model),
+        kind=kind_record(model).kind,
         dim=model_dim(model),
         data=data,
         options=options,
@@ -122,25 +113,24 @@ def make_loss(
     return loss
 
 
-def make_evaluator(path: str, model: Any, *, columns: str | dict[str, str] | None = None) -> Any:
-    """``model -> metrics`` for an evaluation file: STS correlations for scored pairs, pair classification
-    (accuracy, F1, AP, Spearman) for 0/1 labels of a cross-encoder."""
-    from embforge.evaluate.sts import evaluate_sts
-
-    if kind_of(model) == ModelKind.MULTIVECTOR:
+def make_evaluator(path: str, model: Kinded, *, columns: str | dict[str, str] | None = None) -> Evaluator:
+    """``model -> metrics`` for an evaluation file, by the model kind's evaluators (:mod:`embforge.kinds`): STS
+    correlations for scored pairs, pair classification (accuracy, F1, AP, Spearman) for the 0/1 labels of a kind
+    that has a ``pairs`` evaluator (a cross-encoder)."""
+    record = kind_record(model)
+    sts = record.evaluator("sts")
+    if sts is None:
         raise ValueError(
-            f"--eval {path}: a multi-vector model is evaluated on retrieval (MaxSim), not on STS pairs; use "
+            f"--eval {path}: {record.description} is evaluated on retrieval, not on scored pairs; use "
             "--retrieval-train FOLDER --retrieval-eval-split dev, or 'embforge eval retrieval' after training"
         )
     data = read_table(path, columns=columns)
-    if kind_of(model) == ModelKind.CROSS and data.label_column == "label":
-        from embforge.evaluate.pairs import evaluate_pairs
-
-        return lambda m: evaluate_pairs(m, data)
-    return lambda m: evaluate_sts(m, data)
+    pairs = record.evaluator("pairs")
+    chosen = pairs if pairs is not None and data.label_column == "label" else sts
+    return lambda m: chosen(m, data)
 
 
-def build_tasks(spec: RunSpec, model: Any) -> list[Task]:
+def build_tasks(spec: RunSpec, model: Kinded) -> list[Task]:
     """One task per training file, all with the spec's loss."""
     if not spec.train:
         raise ValueError("no training data: pass --train FILE (or train = [...] in the config file)")
@@ -176,44 +166,34 @@ def source_options(spec: RunSpec) -> SourceOptions:
 
 
 def resolved_loss(spec: RunSpec) -> str:
-    """The loss a run trains with: ``spec.loss``, else ``splade`` for sparse models, ``infonce`` for retrieval
-    runs and multi-vector models, and ``cosent`` otherwise."""
+    """The loss a run trains with: ``spec.loss``, else the kind's ``retrieval_loss`` for a retrieval run and its
+    ``default_loss`` otherwise (:mod:`embforge.kinds`: ``cosent`` for dense, ``splade`` for sparse, ``infonce``
+    for multi-vector models)."""
     if spec.loss is not None:
         return spec.loss
-    kind = parse_kind(spec.model_type)
-    if kind == ModelKind.SPARSE:
-        return "splade"
-    return "infonce" if spec.retrieval_train or kind == ModelKind.MULTIVECTOR else "cosent"
+    record = kind_record(spec.model_type)
+    return record.retrieval_loss if spec.retrieval_train else record.default_loss
 
 
-def load_model(spec: RunSpec) -> Any:
-    """The model a run starts from, of the kind ``spec.model_type`` names (:mod:`embforge.kinds`): a dense
-    bi-encoder, a cross-encoder (a new one-logit head on a bi-encoder), or another kind's class."""
-    kind = parse_kind(spec.model_type)
-    if kind in (ModelKind.SPARSE, ModelKind.STATIC) and spec.config.lora.lora_r:
+def load_model(spec: RunSpec) -> Trainable:
+    """The model a run starts from, of the kind ``spec.model_type`` names (:mod:`embforge.kinds`): a pair scorer
+    (cross-encoder) gets a new head sized for the loss; a single-vector model is checked against the Matryoshka
+    dimensions; LoRA adapters where the run asks for them and the kind takes them."""
+    record = kind_record(spec.model_type)
+    if spec.config.lora.lora_r and not record.lora:
         raise ValueError(
-            f"LoRA is not supported for {kind.value} models (their folders hold no adapters); train all weights "
-            "(drop --lora-r)"
+            f"LoRA is not supported for {record.kind.value} models (their folders hold no adapters); train all "
+            "weights (drop --lora-r)"
         )
-    if kind not in (ModelKind.DENSE, ModelKind.CROSS):
-        return with_lora(model_class(kind).load(spec.model, max_seq_length=spec.max_seq_length), spec.config)
-    if kind == ModelKind.CROSS:
-        from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
-
-        num_labels = None
-        if not is_cross_encoder_folder(spec.model):
-            num_labels = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
-        model: Any = CrossEncoder.load(
-            spec.model, num_labels=num_labels, new_head=True, max_seq_length=spec.max_seq_length
-        )
-        return with_lora(model, spec.config)
-    from embforge.encoder import Encoder
-
-    model = Encoder.load(spec.model, max_seq_length=spec.max_seq_length)
-    if spec.matryoshka_dims and max(spec.matryoshka_dims) > model.dim:
-        raise ValueError(
-            f"matryoshka_dims: {max(spec.matryoshka_dims)} is larger than the model's dimension {model.dim}"
-        )
+    options: dict[str, Any] = {"max_seq_length": spec.max_seq_length}
+    if record.pair_scoring:
+        options["new_head"] = True
+        if not is_cross_encoder_folder(spec.model):  # a new head: one logit, two for a classification loss
+            options["num_labels"] = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
+    model: Trainable = record.model_cls().load(spec.model, **options)
+    dims = spec.matryoshka_dims
+    if dims and is_single_vector(model) and max(dims) > model.dim:
+        raise ValueError(f"matryoshka_dims: {max(dims)} is larger than the model's dimension {model.dim}")
     return with_lora(model, spec.config)
 
 
@@ -303,7 +283,9 @@ def _refresh_config(spec: RunSpec) -> RefreshConfig | None:
     )
 
 
-def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list[Task], Any, Any]:
+def _retrieval_setup(
+    spec: RunSpec, model: Trainable, tasks: list[Task]
+) -> tuple[list[Task], Refresher | None, Evaluator | None]:
     """Mined-negative retrieval task (+ ANCE refresh hook, + retrieval evaluator) from ``spec.retrieval_*``."""
     from embforge.data.folders import load_retrieval_folder
     from embforge.evaluate.retrieval import retrieval_evaluator
@@ -311,10 +293,10 @@ def _retrieval_setup(spec: RunSpec, model: Any, tasks: list[Task]) -> tuple[list
 
     assert spec.retrieval_train is not None
     mines_with_model = (spec.num_negatives > 0 and spec.mine_method != "bm25") or spec.refresh_negatives_every
-    kind = kind_of(model)
-    if kind in (ModelKind.MULTIVECTOR, ModelKind.SPARSE) and mines_with_model:
+    record = kind_record(model)
+    if not record.single_vector and mines_with_model:
         raise ValueError(
-            f"a {kind.value} model does not mine its own negatives yet: use --mine-method bm25 (or "
+            f"a {record.kind.value} model does not mine its own negatives yet: use --mine-method bm25 (or "
             "--num-negatives 0), or mine with a dense model ('embforge mine') and train on that file"
         )
     data = load_retrieval_folder(spec.retrieval_train, spec.retrieval_split)

@@ -238,7 +238,7 @@ def test_cli_trains_and_evaluates_a_colbert_model(tiny_model_dir: Path, tmp_path
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["queries"] == 3.0
     # what a ColBERT model cannot do yet is refused with a message, not a traceback
     assert main(["train", *flags, "--eval", str(_pairs(tmp_path)), "--output", str(tmp_path / "x")]) == 2
-    assert "evaluated on retrieval (MaxSim)" in capsys.readouterr().err
+    assert "multi-vector (ColBERT) embedding model is evaluated on retrieval" in capsys.readouterr().err
     mined = ["--retrieval-train", str(beir), "--retrieval-split", "test", "--num-negatives", "1"]
     assert main(["train", *flags[:4], *mined, "--output", str(tmp_path / "y")]) == 2
     assert "does not mine its own negatives yet" in capsys.readouterr().err
