@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from embforge import __version__
+from embforge._version import __version__
 from embforge.modeling.dense import Dense
 from embforge.modeling.pooling import mode_from_st_config
 from embforge.modeling.resolve import resolve_model_path
