@@ -12,12 +12,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
 DOCS = ROOT / "docs"
 
 
 def pages() -> list[Path]:
-    """README.md and every page of the site."""
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    """README.md, CONTRIBUTING.md and every page of the site."""
+    return [README, CONTRIBUTING, *sorted(DOCS.rglob("*.md"))]
 
 
 def name(page: Path) -> str:
