@@ -75,3 +75,16 @@ def test_a_cross_encoder_guide_is_refused(tiny_encoder, tmp_path):
     make_cross_encoder().save(tmp_path / "ce")
     with pytest.raises(ValueError, match="must be a dense or static embedding model"):
         prepare(Task("t", pairs(), get_loss("gist", guide=str(tmp_path / "ce"))), tiny_encoder)
+
+
+def test_the_training_loop_runs_a_gist_task(tiny_encoder, guide_dir, tmp_path):
+    from embforge.training.config import TrainConfig
+    from embforge.training.loop import train
+
+    before = {k: v.clone() for k, v in tiny_encoder.state_dict().items()}
+    task = Task("t", pairs(16), get_loss("gist", guide=str(guide_dir), temperature=0.05))
+    config = TrainConfig(output=str(tmp_path / "out"), max_steps=2, batch_size=8, save_every=0, quiet=True)
+    summary = train(tiny_encoder, [task], config)
+    assert summary["steps"] == 2
+    changed = [k for k, v in tiny_encoder.state_dict().items() if not torch.equal(v, before[k])]
+    assert len(changed) > 10  # the student trained
