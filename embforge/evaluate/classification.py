@@ -13,6 +13,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
+from embforge.evaluate.ranks import across_ranks
 
 if TYPE_CHECKING:
     from embforge.protocols import Embedder
@@ -46,6 +47,7 @@ def classification_scores(
     }
 
 
+@across_ranks
 def evaluate_classification(
     model: Embedder,
     train: Dataset,

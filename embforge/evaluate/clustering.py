@@ -14,6 +14,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
+from embforge.evaluate.ranks import across_ranks
 
 if TYPE_CHECKING:
     from embforge.protocols import Embedder
@@ -40,6 +41,7 @@ def cluster_scores(
     }
 
 
+@across_ranks
 def evaluate_clustering(
     model: Embedder, data: Dataset, *, batch_size: int = 64, seeds: int = 3
 ) -> dict[str, float]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.data.tables import Dataset
+from embforge.evaluate.ranks import across_ranks
 from embforge.evaluate.similarity import correlations
 from embforge.kinds import is_pair_scorer
 
@@ -99,6 +100,7 @@ def classification_metrics(scores: np.ndarray, labels: np.ndarray, threshold: fl
     return result
 
 
+@across_ranks
 def evaluate_pairs(
     model: Embedder | PairScorer, data: Dataset, *, dev: Dataset | None = None, batch_size: int = 64
 ) -> dict[str, float]:

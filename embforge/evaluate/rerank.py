@@ -14,6 +14,7 @@ import numpy as np
 from embforge.data.tables import Dataset
 from embforge.evaluate.pairs import score_pairs
 from embforge.evaluate.ranking import evaluate_run
+from embforge.evaluate.ranks import across_ranks
 
 if TYPE_CHECKING:
     from embforge.protocols import Embedder, PairScorer
@@ -43,6 +44,7 @@ def group_candidates(
     return groups, qrels
 
 
+@across_ranks
 def evaluate_rerank(
     model: Embedder | PairScorer,
     data: Dataset,

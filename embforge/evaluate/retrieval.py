@@ -15,6 +15,7 @@ import numpy as np
 
 from embforge.data.retrieval import RetrievalData
 from embforge.evaluate.ranking import evaluate_queries, run_from_topk
+from embforge.evaluate.ranks import across_ranks
 from embforge.kinds import kind_record
 from embforge.retrieval.corpus_cache import CorpusEmbeddings, encode_corpus, model_fingerprint
 from embforge.retrieval.index.registry import create_index
@@ -68,6 +69,7 @@ def search_run(
     return run_from_topk(data.query_ids, scores, ids)
 
 
+@across_ranks
 def evaluate_retrieval(
     model: Any,
     data: RetrievalData,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from embforge.data.tables import Dataset
+from embforge.evaluate.ranks import across_ranks
 from embforge.evaluate.similarity import correlations, pair_scores
 from embforge.kinds import is_pair_scorer
 
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from embforge.protocols import Embedder, PairScorer
 
 
+@across_ranks
 def evaluate_sts(model: Embedder | PairScorer, data: Dataset, *, batch_size: int = 64) -> dict[str, float]:
     """Spearman/Pearson (0-100) of cosine, dot and Euclidean similarity against ``score`` (or ``label``).
 

@@ -212,11 +212,12 @@ def _quiet_line(trainer: Trainer, feed: Feed, progress: Progress) -> str:
 
 
 def evaluate(trainer: Trainer, progress: Progress, meter: Meter, evaluator: Evaluator) -> None:
-    """Rank 0 evaluates (the other ranks wait), logs the metrics and keeps the best model in ``output/best``."""
+    """Every rank evaluates (an evaluator splits its encoding over the ranks: :mod:`embforge.evaluate.ranks`);
+    rank 0 logs the metrics and keeps the best model in ``output/best``."""
+    with phase(f"train: step {progress.step}: evaluating ..."):
+        meter.metrics = evaluator(trainer.model)
+    trainer.model.train()
     if trainer.main:
-        with phase(f"train: step {progress.step}: evaluating ..."):
-            meter.metrics = evaluator(trainer.model)
-        trainer.model.train()
         append_jsonl(meter.file, {"step": progress.step, "eval": meter.metrics})
         metric = trainer.config.evaluation.metric or primary_metric(meter.metrics)
         value = meter.metrics.get(metric) if metric is not None else None
