@@ -1,5 +1,6 @@
 """``embforge curate``: remove duplicates, near-duplicates, evaluation leakage and inconsistent pairs from a
-training file; write the kept rows and a JSON report of every removed row (line, step, reason)."""
+training file; with ``--relabel``/``--prune``, turn the mined negatives a judge scores as positives into positives
+(or drop them) and drop rows the judge disagrees with; write the rows and a JSON report of every change."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from embforge.cli.common import add_batch_size_arg, config_from_args
-from embforge.cli.values import data_path, finite_float, positive_int, ratio, similarity
+from embforge.cli.values import data_path, finite_float, non_negative_int, positive_int, ratio, similarity
+from embforge.modeling.resolve import DEFAULT_MODEL
 
 
 def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersAction) -> None:
@@ -59,8 +61,53 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
     parser.add_argument(
         "--cross-threshold", type=finite_float, default=0.5, help="cross-encoder score to confirm a pair"
     )
+    add_relabel_args(parser)
     add_batch_size_arg(parser)
     parser.set_defaults(func=run_curate)
+
+
+def add_relabel_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of false-negative relabelling and pruning (:mod:`embforge.relabel`)."""
+    group = parser.add_argument_group("false negatives in mined rows (anchor, positive, negative_1..n)")
+    group.add_argument(
+        "--relabel",
+        nargs="?",
+        const="relabel",
+        choices=("relabel", "drop"),
+        default=None,
+        help="a negative the judge scores at least as high as the positive (less --fn-margin) becomes the "
+        "positive of an added row (relabel, the default), or is only removed (drop)",
+    )
+    group.add_argument(
+        "--prune",
+        nargs="?",
+        const=1,
+        type=positive_int,
+        default=None,
+        help="drop rows with at least K negatives scored above their positive (K default 1)",
+    )
+    group.add_argument(
+        "--judge",
+        default=DEFAULT_MODEL,
+        help=f"cross-encoder, or bi-encoder scoring by cosine, for --relabel/--prune (default {DEFAULT_MODEL})",
+    )
+    group.add_argument(
+        "--fn-margin",
+        type=finite_float,
+        default=0.0,
+        help="false negative when its score >= the positive's - this (default 0)",
+    )
+    group.add_argument(
+        "--fn-threshold", type=finite_float, default=None, help="also a false negative at or above this score"
+    )
+    group.add_argument(
+        "--keep-negatives",
+        type=positive_int,
+        default=None,
+        help="negative columns written (default: as many as the input); a row left short gets random "
+        "negatives of other rows",
+    )
+    group.add_argument("--seed", type=non_negative_int, default=0, help="seed of the refilled negatives")
 
 
 def run_curate(args: argparse.Namespace) -> Mapping[str, object]:
@@ -76,7 +123,27 @@ def run_curate(args: argparse.Namespace) -> Mapping[str, object]:
     )
     data = read_table(args.data)
     report = curate(data, config, show_progress=not getattr(args, "quiet", False))
-    write_rows(data, report.kept, args.output)
+    written: dict[str, object] = report.to_json()
+    summary = report.summary()
+    if args.relabel is None and args.prune is None:
+        write_rows(data, report.kept, args.output)
+    else:
+        from embforge.kinds import load_any
+        from embforge.relabel import RelabelConfig, relabel
+
+        options = RelabelConfig(
+            action=args.relabel,
+            margin=args.fn_margin,
+            threshold=args.fn_threshold,
+            prune=args.prune,
+            negatives=args.keep_negatives,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
+        rewritten, changes = relabel(data, load_any(args.judge), options, rows=report.kept)
+        write_rows(rewritten, list(range(len(rewritten))), args.output)
+        written["relabel"] = {"judge": args.judge, **changes.to_json()}
+        summary = {**summary, "rows_out": changes.rows_out, "relabel": changes.summary()}
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
-    return {**report.summary(), "output": args.output, "report": args.report}
+    Path(args.report).write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n")
+    return {**summary, "output": args.output, "report": args.report}
