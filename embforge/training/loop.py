@@ -5,6 +5,12 @@ loop whose body takes a batch, runs :func:`micro_step` (embed, loss, backward) f
 steps the optimiser (fp16 unscaling, clipping, the schedule) and hands logging, evaluation, negative refresh and
 checkpoints to :func:`after_step`. The loop's state is two dataclasses: the :class:`~embforge.training.state.
 Progress` a checkpoint saves and the :class:`~embforge.training.trainer.Trainer` it steps.
+
+The features that are off by default (anchor, weight average, loss-share task weights) are the trainer's
+``extras`` (:mod:`embforge.training.extras`): one line calls every one of them at each place. Data parallelism
+(``trainer.parallel``, set under torchrun) stays a visible line where it acts, as nanoGPT's ``if ddp`` lines do:
+it changes what a micro-step embeds and when gradients are reduced, not what follows a step. The micro-steps'
+losses stay on the device until :func:`after_step` logs, evaluates or saves (:meth:`Meter.check`).
 """
 
 from __future__ import annotations
