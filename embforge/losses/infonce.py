@@ -101,7 +101,7 @@ def _directions(value: str | Sequence[str] | None, symmetric: bool) -> tuple[str
     names = [d.strip() for d in value.split(",")] if isinstance(value, str) else [str(d) for d in value]
     unknown = [d for d in names if d not in DIRECTIONS]
     if unknown or not names:
-        raise ValueError(f"directions must be some of {', '.join(DIRECTIONS)}, got {list(value)!r}")
+        raise ValueError(f"directions must be some of {', '.join(DIRECTIONS)}, got {value!r}")
     if "query_to_doc" not in names:
         raise ValueError(
             "directions must include 'query_to_doc' (the block that holds each query's positive)"
