@@ -33,6 +33,11 @@ def multivector_run(
 ) -> Run:
     """The run ``{qid: {docid: MaxSim}}``: the top ``depth`` documents of each query, or its ``candidates``
     re-scored (reranking)."""
+    if candidates is not None and index_options:
+        raise ValueError(
+            f"index options ({', '.join(sorted(index_options))}) apply to a full search; reranking "
+            "candidates builds no index: drop them"
+        )
     queries = model.encode(data.query_texts, is_query=True, batch_size=batch_size)
     if candidates is not None:
         return rerank(model, data, queries, candidates, batch_size=batch_size)

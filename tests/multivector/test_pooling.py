@@ -24,7 +24,7 @@ from embforge.losses.late import (
     get_multivector_loss,
 )
 from embforge.multivector import MultiVectorEncoder
-from embforge.multivector.evaluate import evaluate_multivector
+from embforge.multivector.evaluate import evaluate_multivector, multivector_run
 from embforge.multivector.pooling import pool_documents, pool_padded, token_groups
 from embforge.multivector.search import ExactMaxSimIndex, PooledIndex, create_multivector_index
 from embforge.training.step import cached_step
@@ -236,6 +236,9 @@ def test_encode_and_the_pooled_index(colbert: MultiVectorEncoder) -> None:
     np.testing.assert_array_equal(ours[0], theirs[0])
     assert ours[1] == theirs[1] and index.vectors == sum(map(len, pooled))
     assert isinstance(create_multivector_index("exact", pool_factor=1), ExactMaxSimIndex)
+    data = RetrievalData(ids, DOCS, ["q0"], QUERIES[:1], {"q0": {"d0": 1}})
+    with pytest.raises(ValueError, match=r"index options \(pool_factor\) apply to a full search"):
+        multivector_run(colbert, data, candidates={"q0": {"d0": 0.0}}, index_options={"pool_factor": 2})
     with pytest.raises(ValueError, match="takes no options besides pool_factor"):
         create_multivector_index("exact", nbits=2)
 
