@@ -15,6 +15,7 @@ _EXTRAS = {
     "uvicorn": "serve",
     "httpx": "serve",
     "orjson": "serve",
+    "prometheus_client": "serve",
     "sklearn": "eval",
     "matplotlib": "eval",
     "datasets": "data",

@@ -36,7 +36,7 @@ from embforge.serve.config import ServeConfig
 from embforge.serve.documents import DuplicateIdError
 from embforge.serve.middleware import ApiError, Gatekeeper, error_body, invalid_value, validation_message
 from embforge.serve.models import ModelSet, Reranker, ServedEmbedder, ServedModel, pair_costs
-from embforge.serve.prometheus import Metrics
+from embforge.serve.prometheus import CONTENT_TYPE, Metrics
 from embforge.serve.requests import (
     AddDocumentsRequest,
     EmbeddingRequest,
@@ -304,7 +304,7 @@ class _Server:
         return self.models.listing()
 
     async def metrics_text(self) -> PlainTextResponse:
-        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -113,3 +114,16 @@ def test_each_app_counts_its_own_requests(tiny_encoder) -> None:
         _, two = scrape(second.get("/metrics").text)
     assert value(one, "embforge_requests_total", path="/health", method="GET", status="200") == 3
     assert value(two, "embforge_requests_total", path="/health", method="GET", status="200") == 1
+
+
+def test_process_metrics_and_a_standard_parser_reads_it(tiny_encoder) -> None:
+    parser = pytest.importorskip("prometheus_client.parser")
+    with app(tiny_encoder) as client:
+        assert client.get("/health").status_code == 200
+        text = client.get("/metrics").text
+    families = {family.name: family.type for family in parser.text_string_to_metric_families(text)}
+    assert families["embforge_requests"] == "counter" and families["embforge_batch_size"] == "histogram"
+    assert families["python_info"] == "gauge" and "python_gc_collections" in families
+    if sys.platform.startswith("linux"):  # prometheus_client reads /proc
+        assert families["process_cpu_seconds"] == "counter"
+        assert families["process_resident_memory_bytes"] == "gauge"
