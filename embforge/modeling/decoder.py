@@ -11,17 +11,27 @@ runtime agree:
   rotary positions and the same embeddings;
 - queries carry an instruction, ``"Instruct: {task}\\nQuery:"`` (:func:`instruct_prompt`), documents none.
 
+**Bidirectional attention** (LLM2Vec, BehnamGhader et al. 2024; tevatron 3.0's ``attn_implementation`` route):
+:func:`set_bidirectional` makes every token attend to every real token of its text, as an encoder does, for
+embedding training with mean or last-token pooling. The switch is an attribute of the backbone's Hugging Face
+config (``embforge_bidirectional``), so ``save_pretrained`` writes it into ``config.json`` and a reload keeps it
+(transformers keeps unknown config keys). The padded forward passes transformers' own bidirectional mask
+(``masking_utils.create_bidirectional_mask``: a 4-D padding mask for eager/SDPA, the 2-D one for flash-attention)
+and ``is_causal=False``, which the attention functions read before the module's ``is_causal``; the packed forward
+(:mod:`~embforge.modeling.decoder_packing`) masks padding keys instead of the future. Sliding windows are not
+applied then: the whole text is seen.
+
 The padding-free training forward for these backbones is :mod:`embforge.modeling.decoder_packing`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Hugging Face ``config.model_type`` values of decoder-only models whose base model takes ``position_ids``.
 DECODER_MODEL_TYPES = frozenset(
@@ -84,6 +94,46 @@ def eos_to_append(tokenizer: PreTrainedTokenizerBase) -> int | None:
     return int(eos)
 
 
+# the backbone config attribute that turns a decoder's causal attention into bidirectional attention
+BIDIRECTIONAL = "embforge_bidirectional"
+
+
+def is_bidirectional(backbone: nn.Module) -> bool:
+    """Whether a decoder backbone attends both ways (:func:`set_bidirectional`); ``False`` for other models."""
+    config = getattr(base_model(backbone), "config", None)
+    return bool(getattr(config, BIDIRECTIONAL, False)) and is_decoder_backbone(backbone)
+
+
+def set_bidirectional(backbone: nn.Module, bidirectional: bool = True) -> None:
+    """Make a decoder backbone attend bidirectionally (or causally again) in every embedforge forward; the setting
+    lives in its config, so it is saved with the model.
+
+    Raises:
+        ValueError: ``backbone`` is not a decoder (encoders attend both ways already).
+    """
+    if not is_decoder_backbone(backbone):
+        model_type = getattr(getattr(base_model(backbone), "config", None), "model_type", None)
+        raise ValueError(
+            f"bidirectional attention is an option of decoder backbones ({', '.join(sorted(DECODER_MODEL_TYPES))});"
+            f" a {model_type!r} model attends both ways already"
+        )
+    setattr(base_model(backbone).config, BIDIRECTIONAL, bool(bidirectional))
+
+
+def make_bidirectional(model: object) -> None:
+    """:func:`set_bidirectional` on a dense model's backbone (``embforge train --bidirectional``).
+
+    Raises:
+        ValueError: the model is not a single-vector model over a transformer backbone, or not a decoder.
+    """
+    from embforge.kinds import is_single_vector
+
+    backbone = getattr(model, "backbone", None)
+    if not is_single_vector(model) or not isinstance(backbone, nn.Module):
+        raise ValueError("--bidirectional is an option of dense models over a decoder (LLM) backbone")
+    set_bidirectional(backbone)
+
+
 def padded_position_ids(attention_mask: Tensor) -> Tensor:
     """Positions ``0, 1, ...`` of each row's real tokens (padding gets 0): the same for left and right padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -95,11 +145,31 @@ def backbone_hidden(backbone: nn.Module, input_ids: Tensor, attention_mask: Tens
     Decoders get positions counted over real tokens (:func:`padded_position_ids`): Hugging Face would otherwise
     number left padding too, shifting every rotary position of a left-padded text.
     """
+    if is_bidirectional(backbone):
+        return _bidirectional_hidden(backbone, input_ids, attention_mask)
     if is_decoder_backbone(backbone):
         position_ids = padded_position_ids(attention_mask)
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     else:
         out = backbone(input_ids=input_ids, attention_mask=attention_mask)
+    return out.last_hidden_state
+
+
+def _bidirectional_hidden(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """A decoder's padded forward without the causal mask: transformers' bidirectional padding mask, built for the
+    model's attention implementation, and ``is_causal=False`` for the kernels that take a flag."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    model = cast("PreTrainedModel", base_model(backbone))
+    embeds = model.get_input_embeddings()(input_ids)
+    mask = create_bidirectional_mask(
+        config=model.config,
+        inputs_embeds=embeds,
+        attention_mask=attention_mask,
+        allow_is_bidirectional_skip=False,  # a 4-D mask always: None would make the model build a causal one
+    )
+    position_ids = padded_position_ids(attention_mask)
+    out = backbone(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, is_causal=False)
     return out.last_hidden_state
 
 

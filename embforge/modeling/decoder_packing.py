@@ -13,7 +13,9 @@ matrix directly. Only attention needs to know where texts start:
   a real token at position ``i`` sees keys ``0..i``, all of them its own text's; padding rows are dropped.
 
 Sliding-window layers (Mistral; Qwen2/Qwen3 with ``use_sliding_window``) keep their window (a banded mask, or
-flash-attn's ``window_size``). The model's own modules are called — rotary embedding through the model's own
+flash-attn's ``window_size``). A bidirectional backbone (:func:`~embforge.modeling.decoder.set_bidirectional`)
+attends to every real token of its text: flash-attn with ``causal=False``, the blocks with their padding-key mask,
+no window. The model's own modules are called — rotary embedding through the model's own
 ``apply_rotary_pos_emb`` — so LoRA adapters injected into the projections are used, autocast and train/eval mode
 behave as in the Hugging Face forward, and gradients reach the same parameters (tested against the padded forward
 ≤ 1e-5, values and gradients, fp32).
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from embforge.modeling.decoder import base_model
+from embforge.modeling.decoder import base_model, is_bidirectional
 from embforge.modeling.packed_batch import PackedBatch, flash_varlen, from_blocks, group_rows, to_blocks
 
 _PACKABLE = frozenset({"Qwen2Model", "Qwen3Model", "LlamaModel", "MistralModel"})
@@ -74,9 +76,11 @@ def _forward(model: Any, batch: PackedBatch, last_tokens_only: bool, checkpoint_
     hidden = model.embed_tokens(batch.input_ids)
     cos, sin = model.rotary_emb(hidden[None], batch.position_ids[None])
     varlen = flash_varlen(batch, hidden)
+    causal = not is_bidirectional(model)
     for layer in model.layers[: model.config.num_hidden_layers]:
+        window = _window(model, layer) if causal else None
         run = partial(
-            _layer, layer, rotary=(cos, sin), batch=batch, varlen=varlen, window=_window(model, layer)
+            _layer, layer, rotary=(cos, sin), batch=batch, varlen=varlen, window=window, causal=causal
         )
         if checkpoint_layers and torch.is_grad_enabled():
             hidden = checkpoint(run, hidden, use_reentrant=False)
@@ -95,10 +99,12 @@ def _layer(
     batch: PackedBatch,
     varlen: Any,
     window: int | None,
+    causal: bool,
 ) -> Tensor:
     """One decoder layer on packed tokens: pre-norm attention and pre-norm MLP, each added to the residual."""
     attention = layer.self_attn
-    context = _self_attention(attention, layer.input_layernorm(hidden), rotary, batch, varlen, window)
+    x = layer.input_layernorm(hidden)
+    context = _self_attention(attention, x, rotary, batch, varlen, window, causal=causal)
     hidden = hidden + attention.o_proj(context)
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
@@ -117,8 +123,10 @@ def _self_attention(
     batch: PackedBatch,
     varlen: Any,
     window: int | None,
+    *,
+    causal: bool = True,
 ) -> Tensor:
-    """Causal self-attention of each text over its own tokens: normed ``(tokens, hidden)`` -> ``(tokens, heads *
+    """Causal (or bidirectional) self-attention of each text over its own tokens: normed ``(tokens, hidden)`` -> ``(tokens, heads *
     head_dim)`` (before ``o_proj``)."""
     tokens, head_dim = x.shape[0], attention.head_dim
     q = attention.q_proj(x).view(tokens, -1, head_dim)
@@ -145,15 +153,22 @@ def _self_attention(
             max_len,
             dropout_p=p,
             softmax_scale=attention.scaling,
-            causal=True,
+            causal=causal,
             window_size=(-1, -1) if window is None else (window - 1, 0),
         )
         return out.reshape(tokens, -1)
-    return _blocked_attention(q, k, v, batch, attention.scaling, p, window).reshape(tokens, -1)
+    return _blocked_attention(q, k, v, batch, attention.scaling, p, window, causal).reshape(tokens, -1)
 
 
 def _blocked_attention(
-    q: Tensor, k: Tensor, v: Tensor, batch: PackedBatch, scale: float, dropout_p: float, window: int | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    batch: PackedBatch,
+    scale: float,
+    dropout_p: float,
+    window: int | None,
+    causal: bool = True,
 ) -> Tensor:
     """Per-group right-padded blocks through ``scaled_dot_product_attention``: ``(tokens, heads, head_dim)``."""
     repeats = q.shape[1] // k.shape[1]  # grouped-query attention: each key/value head serves `repeats` heads
@@ -163,9 +178,14 @@ def _blocked_attention(
         qb, kb, vb = (r.view(g.texts, g.width, *r.shape[1:]).transpose(1, 2) for r in rows)
         if repeats > 1:
             kb, vb = kb.repeat_interleave(repeats, dim=1), vb.repeat_interleave(repeats, dim=1)
-        mask = _band(g.width, window, q.device) if window is not None and g.width > window else None
+        if not causal:  # every real key of the text; right padding: the keys past its length are masked
+            mask = g.key_mask
+        elif window is not None and g.width > window:
+            mask = _band(g.width, window, q.device)
+        else:
+            mask = None
         out = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None, scale=scale
+            qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
         )
         outputs.append(out.transpose(1, 2).reshape(g.texts * g.width, q.shape[1], q.shape[2]))
     return from_blocks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), batch)

@@ -18,6 +18,7 @@ from embforge.data.tables import Dataset, read_table
 from embforge.kinds import is_single_vector, kind_record
 from embforge.losses.base import EmbeddingLoss
 from embforge.losses.cross import CrossLoss
+from embforge.modeling.decoder import make_bidirectional
 from embforge.modeling.encoding import BatchEncoding
 from embforge.modeling.st_folder import is_cross_encoder_folder
 from embforge.training.artifacts import claim_output
@@ -191,6 +192,8 @@ def load_model(spec: RunSpec) -> Trainable:
         if not is_cross_encoder_folder(spec.model):  # a new head: one logit, two for a classification loss
             options["num_labels"] = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
     model: Trainable = record.model_cls().load(spec.model, **options)
+    if spec.bidirectional:  # a decoder backbone attending both ways, saved in its config (modeling/decoder.py)
+        make_bidirectional(model)
     dims = spec.matryoshka_dims
     if dims and is_single_vector(model) and max(dims) > model.dim:
         raise ValueError(f"matryoshka_dims: {max(dims)} is larger than the model's dimension {model.dim}")

@@ -26,6 +26,7 @@ _TASK = "each [[stages.tasks]] of the file names its own data, loss, options and
 _KIND = "a pipeline file trains the bi-encoder its model names (Python: run_pipeline(model=...))"
 _EVAL = "a pipeline's stages are not evaluated during training"
 _MEMORY = "a pipeline's tasks are read in memory"
+_BIDI = "a pipeline file trains its model as saved: make it bidirectional first (modeling.decoder.set_bidirectional)"
 _MINE = "a pipeline's task mines its negatives with mine = {...}; a retrieval run is a single run"
 
 
@@ -141,6 +142,15 @@ class RunSpec:
         group="model",
         metavar="KIND",
         pipeline=_KIND,
+    )
+    # decoder (LLM) backbones: bidirectional instead of causal attention (LLM2Vec), saved in the model's config
+    bidirectional: bool = setting(
+        False,
+        "decoder (LLM) backbones, dense models: attend both ways instead of causally (LLM2Vec), with mean or "
+        "last-token pooling; saved with the model (default off: as the model folder says)",
+        group="model",
+        switch=True,
+        pipeline=_BIDI,
     )
     # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
     retrieval_train: str | None = setting(
