@@ -4,7 +4,7 @@ Modules: ``config`` (ServeConfig), ``batcher`` (dynamic micro-batching), ``prome
 ``store`` (documents in SQLite, ``database``, + the vector index beside them, ``vectors``), ``memory_store`` (the
 in-memory documents of sparse and multi-vector models), ``serving`` (the per-kind serving record and its lookup;
 ``dense`` is the dense kind's), ``models`` (the served models), ``requests`` (request bodies), ``middleware`` (the
-request gate), ``app`` (the endpoints), ``runner`` (load models, run uvicorn).
+request gate), ``auth`` (the API key as a security dependency), ``app`` (the endpoints), ``runner`` (load models, run uvicorn).
 """
 
 from __future__ import annotations

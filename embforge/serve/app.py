@@ -31,6 +31,7 @@ import numpy as np
 
 from embforge._optional import require
 from embforge.data.texts import is_blank
+from embforge.serve.auth import OPEN_PATHS, add_docs, guards
 from embforge.serve.batcher import QueueFull
 from embforge.serve.config import ServeConfig
 from embforge.serve.documents import DuplicateIdError
@@ -64,11 +65,16 @@ def _json(payload: Mapping[str, object]) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
-def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error") -> Response:
+def _error(
+    status: int,
+    message: str,
+    param: str | None,
+    kind: str = "invalid_request_error",
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     """An error response; ASCII-escaped JSON, so a message quoting a bad string can always be sent."""
-    return Response(
-        json.dumps(error_body(message, param, kind)), status_code=status, media_type="application/json"
-    )
+    body = json.dumps(error_body(message, param, kind))
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 def _conflict(position: int, key: str) -> ApiError:
@@ -312,7 +318,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:
-        return _error(err.status, err.message, err.param, err.kind)
+        return _error(err.status, err.message, err.param, err.kind, err.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> Response:
@@ -369,13 +375,16 @@ def create_app(
     default = next(iter(models.embedders.values()))
     searched = default.serving.open_store(store, kind=index_kind)
     server = _Server(cfg, models, searched, metrics)
-    app = FastAPI(title="embforge", lifespan=server.lifespan)
+    # FastAPI's own docs pages take no dependencies: add_docs serves them behind the key
+    app = FastAPI(title="embforge", lifespan=server.lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.metrics = metrics
     app.state.store = searched
     app.state.models = models
     _add_error_handlers(app)
+    guard = guards(cfg.api_key)
     for method, path, endpoint in server.routes():
-        app.add_api_route(path, endpoint, methods=[method])
+        app.add_api_route(path, endpoint, methods=[method], dependencies=[] if path in OPEN_PATHS else guard)
+    add_docs(app, guard)
     known = {route.path for route in app.routes if hasattr(route, "path")}
     app.add_middleware(Gatekeeper, config=cfg, metrics=metrics, known_paths=known)
     return app

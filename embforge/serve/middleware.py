@@ -1,14 +1,14 @@
-"""The request gate (auth, body size, metrics, last-resort 500) and the JSON error format of the server.
+"""The request gate (body size, metrics, last-resort 500) and the JSON error format of the server.
 
-:class:`Gatekeeper` is plain ASGI (no per-request task overhead): it checks the bearer token, reads the body up to
+:class:`Gatekeeper` is plain ASGI (no per-request task overhead): it reads the body up to
 ``max_body_bytes`` (413 beyond), records count, status and latency of every request for ``/metrics``, and turns an
 unexpected exception into a JSON 500 *without* re-raising it, so the server keeps the connection alive (an
 exception escaping the app makes uvicorn drop the kept-alive connection without ``Connection: close``).
+The API key is checked by the routes' security dependency (:mod:`embforge.serve.auth`).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
@@ -25,20 +25,29 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-OPEN_PATHS = ("/health",)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 log = logging.getLogger("embforge.serve")
 
 
 class ApiError(Exception):
-    """An error answered as ``{"error": {...}}`` with ``status``; ``param`` names the request field."""
+    """An error answered as ``{"error": {...}}`` with ``status``; ``param`` names the request field; ``headers`` are
+    sent with it."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = dict(headers or {})
 
 
 def error_body(
@@ -104,9 +113,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first
 
 
-async def _send_json(
-    send: Send, status: int, body: Mapping[str, object], headers: Sequence[tuple[bytes, bytes]] = ()
-) -> None:
+async def _send_json(send: Send, status: int, body: Mapping[str, object]) -> None:
     payload = json.dumps(body).encode()
     await send(
         {
@@ -115,7 +122,6 @@ async def _send_json(
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(payload)).encode()),
-                *headers,
             ],
         }
     )
@@ -123,7 +129,7 @@ async def _send_json(
 
 
 class Gatekeeper:
-    """ASGI middleware: bearer auth, body-size limit, request metrics."""
+    """ASGI middleware: body-size limit, request metrics, last-resort 500."""
 
     def __init__(self, app: ASGIApp, *, config: ServeConfig, metrics: Metrics, known_paths: set[str]) -> None:
         self.app = app
@@ -151,28 +157,6 @@ class Gatekeeper:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers") or [])
-        key = self.config.api_key
-        if key and scope["path"] not in OPEN_PATHS:
-            if sum(name == b"authorization" for name, _ in scope.get("headers") or []) > 1:
-                # proxies disagree on which of several they forward: the request is ambiguous
-                ambiguous = "more than one Authorization header; send one: 'Authorization: Bearer <key>'"
-                await _send_json(send, 400, error_body(ambiguous, "authorization"))
-                return
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            token = given[7:] if given[:7].lower() == "bearer " else ""
-            if not token or not hmac.compare_digest(token.encode(), key.encode()):
-                reason = "missing" if not given else "wrong"
-                await _send_json(
-                    send,
-                    401,
-                    error_body(
-                        f"{reason} API key: send the header 'Authorization: Bearer <key>'",
-                        "authorization",
-                        "authentication_error",
-                    ),
-                    [(b"www-authenticate", b"Bearer")],
-                )
-                return
         limit = self.config.max_body_bytes
         declared = headers.get(b"content-length")
         too_big = error_body(f"the request body is larger than the limit of {limit} bytes", "body")

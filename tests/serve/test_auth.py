@@ -64,3 +64,31 @@ def test_without_a_key_every_endpoint_is_open(tiny_encoder) -> None:
         assert http.post("/v1/embeddings", json={"input": "a cat"}).status_code == 200
         assert http.get("/metrics").status_code == 200
         assert http.get("/openapi.json").status_code == 200
+
+
+def test_a_body_of_the_wrong_shape_without_the_key_is_a_401(tiny_encoder) -> None:
+    with client(make_app(tiny_encoder, "k3y")) as http:
+        reply = http.post("/v1/embeddings", json={"input": 5})
+        assert reply.status_code == 401 and reply.json()["error"]["type"] == "authentication_error"
+
+
+def test_openapi_declares_the_bearer_scheme_on_every_protected_endpoint(tiny_encoder) -> None:
+    key = {"Authorization": "Bearer k3y"}
+    with client(make_app(tiny_encoder, "k3y")) as http:
+        schema = http.get("/openapi.json", headers=key).json()
+        for page in ("/docs", "/redoc"):
+            assert http.get(page).status_code == 401
+            reply = http.get(page, headers=key)
+            assert reply.status_code == 200 and "/openapi.json" in reply.text
+    scheme = schema["components"]["securitySchemes"]["bearerAuth"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    security = {path: op.get("security") for path, ops in schema["paths"].items() for op in ops.values()}
+    assert set(security) == PROTECTED | {"/health"}  # the docs pages are not operations of the API
+    assert security.pop("/health") is None
+    assert all(declared == [{"bearerAuth": []}] for declared in security.values()), security
+
+
+def test_without_a_key_openapi_declares_no_scheme(tiny_encoder) -> None:
+    schema = make_app(tiny_encoder, None).openapi()
+    assert "securitySchemes" not in schema.get("components", {})
+    assert all("security" not in op for ops in schema["paths"].values() for op in ops.values())
