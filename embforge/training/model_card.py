@@ -1,4 +1,6 @@
-"""A ``README.md`` model card for every saved model, in the sentence-transformers style.
+"""A ``README.md`` model card for every saved model, in the sentence-transformers style, written through
+``huggingface_hub.ModelCard``: Hub metadata (library, pipeline, base model, Hub data sets, tags, and the final
+evaluation as a ``model-index``) that ``ModelCard.load`` reads back, above the card's Markdown body.
 
 It says what the model is (base model, kind, dimension, pooling), what it was trained on (files and row counts,
 losses), how (every hyper-parameter), how well (the evaluations, over steps when ``metrics.jsonl`` is there), at
@@ -19,8 +21,10 @@ Everything comes in as plain data, so the trainer, a pipeline or a script can wr
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -34,11 +38,17 @@ from embforge.modeling.pooling import mode_from_st_config
 from embforge.training.report import read_json, read_jsonl
 
 if TYPE_CHECKING:
+    from huggingface_hub import ModelCardData
+
     from embforge.training.tasks import Task
 
 CARD = "README.md"
 # aliases embforge resolves locally -> their Hugging Face Hub ids (for the card's metadata and links)
 HUB_IDS = {"all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_FILE_SUFFIXES = (".csv", ".tsv", ".txt", ".json", ".jsonl", ".parquet")
+# the YAML keys in the order of the card's metadata block (huggingface_hub's own order puts base_model first)
+_KEY_ORDER = ["library_name", "pipeline_tag", "base_model", "datasets", "tags", "model-index"]
 
 
 def task_info(task: Task) -> dict[str, Any]:
@@ -93,7 +103,7 @@ def write_model_card(
     settings = flat_values(config) if is_instance else dict(config)  # a config of parts: its flat fields
     facts = _model_facts(root)
     lines = [
-        *_heading(root, facts, base_model, tasks_info),
+        *_heading(root, facts, base_model),
         "## Model details",
         "",
         "| | |",
@@ -123,8 +133,13 @@ def write_model_card(
         *[f"- {k}: {v}" for k, v in _versions().items()],
         "",
     ]
+    from huggingface_hub import ModelCard  # the Hub client's import is not for every import of this module
+
+    metadata = _card_data(root, facts, base_model, tasks_info, eval_results).to_yaml(
+        original_order=_KEY_ORDER
+    )
     path = root / CARD
-    path.write_text("\n".join(lines), encoding="utf-8")
+    ModelCard(f"---\n{metadata}\n---\n\n" + "\n".join(lines)).save(path)
     return path
 
 
@@ -132,21 +147,58 @@ def _is_cross(facts: Mapping[str, object]) -> bool:
     return bool(facts["kind"] == "cross-encoder")
 
 
-def _heading(
-    root: Path, facts: Mapping[str, Any], base_model: str | None, tasks_info: Sequence[Mapping[str, Any]]
-) -> list[str]:
-    """The card's metadata block (library, pipeline, base model, tags), its title and what the model does."""
-    hub_id = HUB_IDS.get(str(base_model).lower(), base_model) if base_model else None
-    on_hub = bool(hub_id) and not Path(str(hub_id)).expanduser().exists() and "/" in str(hub_id)
+def _hub_id(name: str | None) -> str | None:
+    """``name`` (an alias resolved to its Hub id) when it names something on the Hub, not a local folder."""
+    hub_id = HUB_IDS.get(str(name).lower(), name) if name else None
+    on_hub = bool(hub_id) and _HUB_ID.match(str(hub_id)) is not None
+    on_hub = on_hub and not str(hub_id).lower().endswith(_FILE_SUFFIXES)
+    return hub_id if on_hub and not Path(str(hub_id)).expanduser().exists() else None
+
+
+def _card_data(
+    root: Path,
+    facts: Mapping[str, Any],
+    base_model: str | None,
+    tasks_info: Sequence[Mapping[str, Any]],
+    final: Mapping[str, float] | None,
+) -> ModelCardData:
+    """The card's metadata: library, pipeline, base model, the Hub data sets trained on, tags, and the final
+    evaluation's figures as ``model-index`` results."""
+    from huggingface_hub import EvalResult, ModelCardData
+
     cross = _is_cross(facts)
+    pipeline = "text-ranking" if cross else "sentence-similarity"
     tags = ["sentence-transformers", "cross-encoder" if cross else "sentence-similarity", "embforge"]
     tags += [f"loss:{t['loss']}" for t in tasks_info]
-    front = ["---", "library_name: sentence-transformers"]
-    front.append("pipeline_tag: " + ("text-ranking" if cross else "sentence-similarity"))
-    if on_hub:
-        front.append(f"base_model: {hub_id}")
-    front += ["tags:", *[f"- {t}" for t in dict.fromkeys(tags)], "---", ""]
-    started = f" from [{hub_id}](https://huggingface.co/{hub_id})" if on_hub else ""
+    datasets = [str(t["source"]) for t in tasks_info if _hub_id(t.get("source"))]
+    results = [
+        EvalResult(
+            task_type=pipeline,
+            dataset_type="evaluation",
+            dataset_name="evaluation during training",
+            metric_type=name,
+            metric_name=name,
+            metric_value=float(value),
+        )
+        for name, value in (final or {}).items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ]
+    return ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag=pipeline,
+        base_model=_hub_id(base_model),
+        datasets=list(dict.fromkeys(datasets)) or None,
+        tags=list(dict.fromkeys(tags)),
+        model_name=root.resolve().name if results else None,
+        eval_results=results or None,
+    )
+
+
+def _heading(root: Path, facts: Mapping[str, Any], base_model: str | None) -> list[str]:
+    """The card's title and what the model does."""
+    hub_id = _hub_id(base_model)
+    cross = _is_cross(facts)
+    started = f" from [{hub_id}](https://huggingface.co/{hub_id})" if hub_id else ""
     started = started or (f" from `{base_model}`" if base_model else "")
     does = (
         "It scores a pair of texts (reranking, pair classification)."
@@ -155,7 +207,6 @@ def _heading(
         "search, clustering and classification."
     )
     return [
-        *front,
         f"# {root.resolve().name}",
         "",
         f"A {facts['kind']} fine-tuned{started} with embforge {__version__}. " + does,

@@ -59,3 +59,32 @@ def test_huggingface_hub_reads_the_metadata(card: Path) -> None:
     assert data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert data.tags[:3] == ["sentence-transformers", "sentence-similarity", "embforge"]
     assert {"loss:cosent", "loss:mnrl"} <= set(data.tags)
+
+
+def test_the_metadata_has_the_final_figures_as_a_model_index(card: Path) -> None:
+    from huggingface_hub import ModelCard
+
+    text = card.read_text(encoding="utf-8")
+    assert text.startswith("---\nlibrary_name: sentence-transformers\npipeline_tag: sentence-similarity\n")
+    data = ModelCard.load(card).data
+    assert data.datasets == ["sentence-transformers/all-nli"]  # a Hub id; a local file is not a Hub data set
+    assert data.model_name == "tiny"
+    figures = {r.metric_type: r.metric_value for r in data.eval_results}
+    assert figures == FINAL
+    assert {(r.task_type, r.dataset_name) for r in data.eval_results} == {
+        ("sentence-similarity", "evaluation during training")
+    }
+    index = data.to_dict()["model-index"]
+    assert [m["value"] for m in index[0]["results"][0]["metrics"]] == list(FINAL.values())
+
+
+def test_no_evaluation_no_model_index_and_a_local_base_model_is_not_metadata(tiny_model_dir: Path) -> None:
+    from huggingface_hub import ModelCard
+
+    card = write_model_card(
+        tiny_model_dir, base_model=str(tiny_model_dir), tasks_info=TASKS[:1], config=TrainConfig()
+    )
+    data = ModelCard.load(card).data
+    assert data.eval_results is None and data.base_model is None and data.datasets is None
+    assert "No evaluation ran during training" in card.read_text(encoding="utf-8")
+    assert f"fine-tuned from `{tiny_model_dir}`" in card.read_text(encoding="utf-8")
