@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,3 +104,65 @@ def test_unknown_metric_names_the_known_ones(bad):
 def test_empty_qrels_is_an_error():
     with pytest.raises(ValueError, match="qrels are empty"):
         evaluate_run({"q": {"a": 1.0}}, {})
+
+
+WHOLE_RUN = {"recall": "set_recall", "precision": "set_P", "success@3": "success_3", "ndcg@5": "ndcg_cut_5"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(run=runs, qrels=qrels_st, level=st.sampled_from([1, 2]))
+def test_whole_run_metrics_and_relevance_levels_equal_pytrec_eval(run, qrels, level):
+    ours = evaluate_run_per_query(run, qrels, [*METRICS, *WHOLE_RUN], relevance_level=level)
+    measures = TREC_MEASURES | {"set_recall", "set_P", "success.3", "ndcg_cut.5"}
+    theirs = pytest.importorskip("pytrec_eval").RelevanceEvaluator(qrels, measures, level).evaluate(run)
+    for qid, values in theirs.items():
+        for name, trec_name in {**METRICS, **WHOLE_RUN}.items():
+            assert ours[name][qid] == pytest.approx(values[trec_name], abs=1e-9), (qid, name, level)
+
+
+def test_numpy_and_integer_scores_and_grades_rank_as_floats():
+    qrels = {"q": {"a": 1, "b": 2, "c": 0}}
+    plain = evaluate_run({"q": {"a": 0.5, "b": 1.0, "c": 2.0}}, qrels, ["ndcg@10", "mrr@1", "map"])
+    ndcg = (2 / np.log2(3) + 1 / np.log2(4)) / (2 + 1 / np.log2(3))  # ranked c (0), b (2), a (1)
+    assert plain == pytest.approx({"ndcg@10": ndcg, "mrr@1": 0.0, "map": (1 / 2 + 2 / 3) / 2}, abs=1e-12)
+    for run in (
+        {"q": {"a": np.float32(0.5), "b": np.float32(1.0), "c": np.float32(2.0)}},
+        {"q": {"a": 0, "b": 1, "c": 2}},  # integer scores
+    ):
+        assert evaluate_run(run, qrels, list(plain)) == pytest.approx(plain)
+    numpy_grades = {"q": {"a": np.int64(1), "b": np.int64(2), "c": np.int64(0)}}
+    assert evaluate_run({"q": {"a": 0.5, "b": 1.0, "c": 2.0}}, numpy_grades, list(plain)) == pytest.approx(
+        plain
+    )
+
+
+def test_figures_of_a_hand_built_run():
+    run = {"q1": {"a": 3.0, "b": 2.0, "c": 1.0, "d": 0.5}, "q2": {"x": 1.0, "y": 1.0}, "q3": {}}
+    qrels = {"q1": {"c": 2, "d": 1, "e": 1}, "q2": {"x": 1}, "q3": {"a": 1}, "q4": {"a": 1}}
+    names = [
+        "ndcg@3",
+        "mrr@2",
+        "mrr@3",
+        "map@10",
+        "recall@3",
+        "precision@2",
+        "precision",
+        "success@2",
+        "success",
+    ]
+    got = evaluate_run(run, qrels, names)
+    q1_dcg3 = 2 / np.log2(4)
+    q1_idcg3 = 2 + 1 / np.log2(3) + 1 / np.log2(4)
+    q2_ndcg3 = 1 / np.log2(3)  # ties by docid descending: y first, then x
+    expected = {
+        "ndcg@3": (q1_dcg3 / q1_idcg3 + q2_ndcg3) / 4,
+        "mrr@2": (0 + 1 / 2) / 4,
+        "mrr@3": (1 / 3 + 1 / 2) / 4,
+        "map@10": ((1 / 3 + 2 / 4) / 3 + 1 / 2) / 4,
+        "recall@3": (1 / 3 + 1) / 4,
+        "precision@2": (0 + 1 / 2) / 4,
+        "precision": (2 / 4 + 1 / 2) / 4,
+        "success@2": (0 + 1) / 4,
+        "success": (1 + 1) / 4,
+    }
+    assert got == pytest.approx(expected, abs=1e-12)
