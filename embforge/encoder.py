@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embforge.kinds import ModelKind
+from embforge.modeling.adapters import load_task_adapters, task_names, tasks_of, using_task
 from embforge.modeling.decoder import backbone_hidden, eos_to_append, is_decoder_backbone
 from embforge.modeling.decoder_packing import packed_decoder_hidden, supports_decoder_packing
 from embforge.modeling.dense import ST_DENSE, Dense
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from embforge.onnx.runtime import OnnxEncoder
-    from embforge.protocols import DeviceLike, ModelPath
+    from embforge.protocols import DeviceLike, EncodeOptions, ModelPath
 
 # Real tokens per padding-free inference forward (Encoder.batch_plan). On an accelerator each forward's fixed
 # number of operations are kernel launches, so chunks are large; on a CPU an operation costs microseconds and a
@@ -122,6 +123,11 @@ class Encoder(TextModule, BatchEncoding):
             int(self.dense.out_features) if self.dense is not None else int(self.backbone_config.hidden_size)
         )
 
+    @property
+    def tasks(self) -> list[str]:
+        """The task adapters this model holds (:mod:`embforge.modeling.adapters`), ``[]`` for none."""
+        return task_names(self.backbone)
+
     # ------------------------------------------------------------------ forward (TextModule.forward)
     def forward_ids(
         self, ids: Sequence[Sequence[int]], *, max_tokens: int | None, seed: int | None, places: list[int]
@@ -175,6 +181,18 @@ class Encoder(TextModule, BatchEncoding):
         return self(ids, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------ inference (encode: modeling/encoding.py)
+    def encode(
+        self, texts: str | Sequence[str], *, task: str | None = None, **options: Unpack[EncodeOptions]
+    ) -> np.ndarray:
+        """:meth:`BatchEncoding.encode <embforge.modeling.encoding.BatchEncoding.encode>` with the task adapter
+        ``task`` (one of :attr:`tasks`; ``None``: the model as it is, the base of a loaded task-adapter folder).
+
+        Raises:
+            ValueError: ``task`` is not one of the model's tasks (the message names them).
+        """
+        with using_task(self, task):
+            return super().encode(texts, **options)
+
     def embed_batch(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One forward pass (no gradients when run inside :meth:`inference`): ``(n, dim)`` float32 — the
         padding-free forward where the backbone has one, else one padded batch."""
@@ -242,6 +260,8 @@ class Encoder(TextModule, BatchEncoding):
         backbone, tokenizer = load_backbone(root / settings.pop("transformer_path"))
         if has_adapter(root):  # LoRA: base weights in the folder, the adapter in adapter/ (modeling/lora.py)
             backbone = load_adapter(backbone, root)
+        elif tasks_of(root):  # task adapters in adapters/<name>/, off until encode(task=...) (adapters.py)
+            backbone = load_task_adapters(backbone, root)
         if not has_modules(root) and is_decoder_backbone(backbone):
             settings["pooling"] = "lasttoken"  # a plain HF decoder folder: its last token sees the whole text
         if pooling is not None:

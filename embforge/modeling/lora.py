@@ -11,6 +11,12 @@ note in ``config_sentence_transformers.json``. ``Encoder.load`` / ``CrossEncoder
 checkpoints and ``--resume`` round-trip. sentence-transformers ignores ``adapter/``: :func:`merge_lora` folds the
 adapter into the weights for a self-contained folder any library reads.
 
+Task adapters (the jina-embeddings-v3 design): several *named* LoRA adapters on one frozen bi-encoder backbone,
+one per task (``retrieval``, ``similarity`` ...), saved in ``adapters/<name>/`` (peft's layout, one
+``save_pretrained`` folder per adapter) and listed under ``"tasks"`` in ``config_sentence_transformers.json``.
+:func:`embforge.modeling.adapters.add_task_adapter` adds one (to a folder that already holds others: train one
+task at a time); :mod:`embforge.modeling.adapters` loads them and chooses one per ``encode(task=...)``.
+
 Padding-free forwards: BERT packing (:mod:`embforge.modeling.packing`) reads the projection weights directly and
 would skip the adapters, so adapted BERT models take the padded path (:func:`uses_adapters`); the decoder packing
 (:mod:`embforge.modeling.decoder_packing`) calls the wrapped modules and keeps working.
@@ -25,9 +31,11 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,6 +52,9 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
 ADAPTER_DIR = "adapter"
+TASKS_DIR = "adapters"  # task adapters: adapters/<name>/ (peft's layout of a named adapter)
+DEFAULT_ADAPTER = "default"  # peft's name of the one unnamed adapter (adapter/)
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 ALL_LINEAR = "all-linear"
 M = TypeVar("M")  # an Encoder or a CrossEncoder (a TransformerModule: it declares peft_slot)
 
@@ -59,6 +70,8 @@ class LoraConfig:
         targets: Module names to adapt (suffixes such as ``query,value`` or ``q_proj,v_proj``), or
             ``"all-linear"`` (default): every linear layer except output heads.
         merge: Fold the adapter into the weights when saving the final model.
+        adapter_name: Train a named task adapter (``retrieval`` ...), added beside those the model already has
+            and saved in ``adapters/<name>/``; ``None``: one unnamed adapter in ``adapter/``.
     """
 
     r: int = 0
@@ -66,8 +79,16 @@ class LoraConfig:
     dropout: float = 0.0
     targets: str | list[str] = ALL_LINEAR
     merge: bool = False
+    adapter_name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.adapter_name is not None:
+            check_task_name(self.adapter_name)
+            if self.merge:
+                raise ValueError(
+                    f"adapter name {self.adapter_name!r} with merge: a task adapter stays beside the others "
+                    "(chosen per encode); drop --merge-lora"
+                )
         if self.r < 0:
             raise ValueError(f"lora r must be >= 0, got {self.r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -80,15 +101,34 @@ class LoraConfig:
 
     @classmethod
     def from_fields(cls, config: object) -> LoraConfig:
-        """Read ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` and ``merge_lora`` off a
-        ``TrainConfig`` (or any object); missing fields keep their defaults."""
+        """Read ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_targets``, ``merge_lora`` and
+        ``adapter_name`` off a ``TrainConfig``'s LoRA part (or any object); missing fields keep their defaults."""
         return cls(
             r=int(getattr(config, "lora_r", 0) or 0),
             alpha=getattr(config, "lora_alpha", None),
             dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0),
             targets=getattr(config, "lora_targets", None) or ALL_LINEAR,
             merge=bool(getattr(config, "merge_lora", False)),
+            adapter_name=getattr(config, "adapter_name", None),
         )
+
+
+def check_task_name(name: str) -> str:
+    """``name`` if it can name a task adapter (a folder name, not peft's ``default``), else a ``ValueError``."""
+    if not TASK_NAME.fullmatch(name) or name == DEFAULT_ADAPTER:
+        raise ValueError(
+            f"adapter name {name!r}: use letters, digits, '_', '-' or '.' (e.g. retrieval), and not "
+            f"{DEFAULT_ADAPTER!r} (peft's name of the unnamed adapter)"
+        )
+    return name
+
+
+def task_names(module: object) -> list[str]:
+    """The named task adapters of a peft-wrapped module, in the order they were added (``[]`` without)."""
+    if not uses_adapters(module):
+        return []
+    config = getattr(module, "peft_config", {})  # a PeftModel's adapters by name (in-place injection: none)
+    return [name for name in config if name != DEFAULT_ADAPTER]
 
 
 def uses_adapters(module: object) -> bool:
@@ -150,26 +190,53 @@ def apply_lora(
     module = getattr(model, attr)
     if uses_adapters(module):
         raise ValueError("this model already has adapters; merge them (merge_lora) before adding new ones")
+    config = peft_config(module, task_type, r=r, alpha=alpha, dropout=dropout, targets=targets)
+    with seeded(seed):
+        setattr(model, attr, peft.get_peft_model(module, config))
+    return model
+
+
+def peft_config(
+    module: nn.Module,
+    task_type: str | None,
+    *,
+    r: int,
+    alpha: float | None,
+    dropout: float,
+    targets: str | Sequence[str] | None,
+) -> Any:
+    """peft's ``LoraConfig`` of :func:`apply_lora`'s settings for ``module`` (a Hugging Face module, or one peft
+    wrapped already: its base model's names, the adapters' own layers left out)."""
+    peft = require("peft")
     target_modules = _targets(targets)
-    names = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    base = module.get_base_model() if uses_adapters(module) else module  # type: ignore[operator]
+    names = [
+        name.removesuffix(".base_layer")
+        for name, m in base.named_modules()
+        if isinstance(m, nn.Linear) and ".lora_" not in name
+    ]
     if task_type is None and target_modules == ALL_LINEAR and any(n.endswith("pooler.dense") for n in names):
         # a bi-encoder never reads BERT's pooler: every linear layer but that one, by full name
         target_modules = [n for n in names if not n.endswith("pooler.dense")]
-    config = peft.LoraConfig(
+    return peft.LoraConfig(
         r=r,
         lora_alpha=alpha if alpha is not None else 2 * r,
         lora_dropout=dropout,
         target_modules=target_modules,
         task_type=task_type,
     )
+
+
+@contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Draws from torch's global generator seeded with ``seed`` and restored afterwards (``None``: as it is)."""
     if seed is None:
-        setattr(model, attr, peft.get_peft_model(module, config))
-        return model
+        yield
+        return
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        setattr(model, attr, peft.get_peft_model(module, config))
-    return model
+        yield
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:
@@ -228,13 +295,18 @@ def _umask() -> int:
 
 
 def _save_pretrained(module: Any, root: Path) -> None:
+    tasks = task_names(module)
+    for stale in (ADAPTER_DIR, TASKS_DIR):
+        shutil.rmtree(root / stale, ignore_errors=True)
     if not uses_adapters(module):
-        shutil.rmtree(root / ADAPTER_DIR, ignore_errors=True)
         module.save_pretrained(root, safe_serialization=True)
         return
     base = module.get_base_model()
     base.save_pretrained(root, state_dict=base_state_dict(module), safe_serialization=True)
-    module.save_pretrained(root / ADAPTER_DIR)
+    if tasks:  # peft writes a named adapter to <folder>/<name>/
+        module.save_pretrained(root / TASKS_DIR, selected_adapters=tasks)
+    else:
+        module.save_pretrained(root / ADAPTER_DIR)
 
 
 def adapter_note(module: Any) -> dict[str, object]:
@@ -242,6 +314,9 @@ def adapter_note(module: Any) -> dict[str, object]:
     (for people; loaders look for ``adapter/``); ``{}`` without adapters."""
     if not uses_adapters(module):
         return {}
+    tasks = task_names(module)
+    if tasks:
+        return {"tasks": {name: f"{TASKS_DIR}/{name}" for name in tasks}}
     config = module.peft_config["default"]
     targets = config.target_modules
     note = {
@@ -274,5 +349,10 @@ def merge_lora(model: M) -> M:
     module = getattr(model, attr)
     if not uses_adapters(module):
         raise ValueError("merge_lora: this model has no adapters")
+    if task_names(module):
+        raise ValueError(
+            f"merge_lora: this model has task adapters ({', '.join(task_names(module))}), chosen per encode; "
+            "merging would fold them all into the weights"
+        )
     setattr(model, attr, module.merge_and_unload())
     return model

@@ -23,7 +23,7 @@ from embforge.multivector.search import MULTIVECTOR_INDEXES, MultiVectorIndex, c
 from embforge.serve.memory_store import MemoryStore
 from embforge.serve.middleware import ApiError
 from embforge.serve.requests import InputType
-from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges
+from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges, refuse_task
 
 KIND = "multivector"
 FORMATS = ("float", "base64")
@@ -75,8 +75,14 @@ class MultiVectorServing:
         self.dim = model.dim
 
     def batch_items(
-        self, texts: list[str], *, input_type: InputType | None, prompt_name: str | None
+        self,
+        texts: list[str],
+        *,
+        input_type: InputType | None,
+        prompt_name: str | None,
+        task: str | None = None,
     ) -> tuple[Items, list[int]]:
+        refuse_task(KIND, task)
         try:
             prefix = self.model.prompt_text(None, prompt_name)
         except KeyError as err:

@@ -175,16 +175,17 @@ class _Server:
         texts: list[str],
         input_type: InputType | None,
         prompt_name: str | None = None,
+        task: str | None = None,
     ) -> tuple[np.ndarray, list[int]]:
         """The rows (one per text, as the model's kind gives them) and token counts of ``texts``: tokenised here
         (the batch cost), run in token batches."""
         serving = served.serving
         if sum(len(t) for t in texts) > LONG_REQUEST_CHARS:
             ids, costs = await asyncio.to_thread(
-                serving.batch_items, texts, input_type=input_type, prompt_name=prompt_name
+                serving.batch_items, texts, input_type=input_type, prompt_name=prompt_name, task=task
             )
         else:
-            ids, costs = serving.batch_items(texts, input_type=input_type, prompt_name=prompt_name)
+            ids, costs = serving.batch_items(texts, input_type=input_type, prompt_name=prompt_name, task=task)
         return await self.run(served, ids, costs), costs
 
     async def embeddings(self, body: EmbeddingRequest) -> Response:
@@ -193,7 +194,7 @@ class _Server:
         _check_body(body, input=inputs)
         texts = self.check_texts(inputs, "input")
         served.serving.check(encoding_format=body.encoding_format, dimensions=body.dimensions)
-        rows, tokens = await self.encode(served, texts, body.input_type, body.prompt_name)
+        rows, tokens = await self.encode(served, texts, body.input_type, body.prompt_name, body.task)
         items = served.serving.answer(rows, encoding_format=body.encoding_format, dimensions=body.dimensions)
         data = [{"object": "embedding", "index": i, **item} for i, item in enumerate(items)]
         used = int(sum(tokens))

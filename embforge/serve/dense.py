@@ -7,6 +7,10 @@ pay for another call (:func:`width_groups`). Answers are float vectors, base64 o
 quantised codes (``int8``/``uint8`` with calibration ranges, ``binary``/``ubinary``: :mod:`embforge.quantization`);
 ``dimensions`` cuts a vector (Matryoshka) and re-normalises it when the model normalises. ``/search`` uses the
 ``--index`` folder (:class:`~embforge.serve.store.DocumentStore`).
+
+Task adapters (:mod:`embforge.modeling.adapters`): a request's ``task`` tags its items (:class:`TaskIds`); a
+micro-batch that merged requests of several tasks runs one forward per task, each with its adapter, never items of
+two tasks in one forward. An unknown ``task`` is a 422 naming the field before anything is queued.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from embforge.encoder import Encoder
+from embforge.modeling.adapters import using_task
 from embforge.modeling.encoding import BatchEncoding
 from embforge.onnx.runtime import ExportedEncoder
 from embforge.quantization import quantize
@@ -66,17 +71,49 @@ def width_groups(lengths: Sequence[int], *, step: int = 1, call_tokens: int = CA
     return groups[::-1]
 
 
+class TaskIds(list[int]):
+    """A batch item (token ids) to encode with the task adapter ``task``."""
+
+    def __init__(self, ids: list[int], task: str) -> None:
+        super().__init__(ids)
+        self.task = task
+
+
+def by_task(items: Items) -> dict[str | None, list[int]]:
+    """Positions of ``items`` by their task (``None``: untagged, the base), in order of first appearance.
+
+    >>> by_task([[1], TaskIds([2], "retrieval"), [3]])
+    {None: [0, 2], 'retrieval': [1]}
+    """
+    groups: dict[str | None, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item.task if isinstance(item, TaskIds) else None, []).append(i)
+    return groups
+
+
 def embed_fn(model: BatchEncoding, max_tokens: int) -> BatchFn:
-    """``token-id lists -> (n, dim) float32`` through ``model``'s batched forward (see the module docstring)."""
+    """``token-id lists -> (n, dim) float32`` through ``model``'s batched forward (see the module docstring); one
+    forward per task of the batch's items."""
     if not isinstance(model, (Encoder, StaticEncoder)):  # an exported graph: padded calls by width
         return padded_fn(model)
     import torch
 
     model.eval()
 
-    def run(ids: Items) -> np.ndarray:
+    def forward(ids: Items) -> np.ndarray:
         with torch.inference_mode():
             return model.embed_ids(ids, max_tokens=max_tokens).float().cpu().numpy()
+
+    def run(ids: Items) -> np.ndarray:
+        groups = by_task(ids)
+        if len(groups) == 1 and None in groups:
+            return forward(ids)
+        assert isinstance(model, Encoder)  # only an Encoder's items carry tasks (DenseServing.batch_items)
+        out = np.empty((len(ids), model.dim), dtype=np.float32)
+        for task, rows in groups.items():
+            with using_task(model, task):
+                out[rows] = forward([ids[i] for i in rows])
+        return out
 
     return run
 
@@ -130,10 +167,23 @@ class DenseServing:
         return ""
 
     def batch_items(
-        self, texts: list[str], *, input_type: InputType | None, prompt_name: str | None
+        self,
+        texts: list[str],
+        *,
+        input_type: InputType | None,
+        prompt_name: str | None,
+        task: str | None = None,
     ) -> tuple[Items, list[int]]:
+        tasks = self.model.tasks if isinstance(self.model, Encoder) else []  # PyTorch models hold adapters
+        if task is not None and task not in tasks:
+            have = (
+                f"this model's tasks are {', '.join(tasks)}" if tasks else "this model has no task adapters"
+            )
+            raise ApiError(422, f"unknown task {task!r}: {have} (omit 'task' for the base model)", "task")
         start = self.prefix(input_type, prompt_name)
         ids = self.model.tokenize_ids([start + t for t in texts] if start else texts)
+        if task is not None:
+            ids = [TaskIds(x, task) for x in ids]
         return ids, [len(x) for x in ids]
 
     def batched(self, max_tokens: int) -> BatchFn:
@@ -186,4 +236,5 @@ class DenseServing:
 
     def describe(self) -> dict[str, object]:
         formats = ["binary", "ubinary"] + (["int8", "uint8"] if self.ranges is not None else [])
-        return {"quantized_formats": formats}
+        tasks = self.model.tasks if isinstance(self.model, Encoder) else []
+        return {"quantized_formats": formats, **({"tasks": tasks} if tasks else {})}

@@ -16,7 +16,8 @@ EncodingFormat = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"
 
 class EmbeddingRequest(BaseModel):
     """``POST /v1/embeddings``: OpenAI's fields, plus ``input_type`` (a query or a document: the model's prompt for
-    it, or the kind's own query encoding) and ``prompt_name`` (one of the model's prompts by name)."""
+    it, or the kind's own query encoding), ``prompt_name`` (one of the model's prompts by name) and ``task`` (one of
+    the model's task adapters, :mod:`embforge.modeling.adapters`; absent: the base)."""
 
     input: str | list[str]
     model: str | None = None
@@ -25,6 +26,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
     prompt_name: str | None = None
     input_type: InputType | None = None
+    task: str | None = None
 
 
 class RerankRequest(BaseModel):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from embforge.kinds import kind_record
+from embforge.serve.middleware import ApiError
 
 if TYPE_CHECKING:
     from embforge.serve.documents import Hit
@@ -60,10 +61,16 @@ class KindServing(Protocol):
     pair_inputs: tuple[InputType | None, InputType | None]  # how /similarity encodes a pair's two texts
 
     def batch_items(
-        self, texts: list[str], *, input_type: InputType | None, prompt_name: str | None
+        self,
+        texts: list[str],
+        *,
+        input_type: InputType | None,
+        prompt_name: str | None,
+        task: str | None = None,
     ) -> tuple[Items, list[int]]:
-        """Batch items of ``texts`` as queries or documents and their costs (tokens); an unknown ``prompt_name``
-        is an :class:`~embforge.serve.middleware.ApiError` 422."""
+        """Batch items of ``texts`` as queries or documents and their costs (tokens), encoded with the task
+        adapter ``task`` (:func:`refuse_task` where the kind has none); an unknown ``prompt_name`` or ``task`` is
+        an :class:`~embforge.serve.middleware.ApiError` 422."""
         ...
 
     def batched(self, max_tokens: int) -> BatchFn:
@@ -104,6 +111,12 @@ def refuse_ranges(kind: str, ranges: np.ndarray | None) -> None:
     """A kind without int8/uint8 codes given calibration ranges: a ``ValueError`` (they would be dropped)."""
     if ranges is not None:
         raise ValueError(f"calibration ranges are for dense vectors; a {kind} model has no int8/uint8 codes")
+
+
+def refuse_task(kind: str, task: str | None) -> None:
+    """A kind without task adapters asked for one: a 422 naming the ``task`` field."""
+    if task is not None:
+        raise ApiError(422, f"unknown task {task!r}: a {kind} model has no task adapters", "task")
 
 
 def object_rows(values: Sequence[object]) -> np.ndarray:

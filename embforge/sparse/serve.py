@@ -20,7 +20,7 @@ import scipy.sparse as sp
 from embforge.serve.memory_store import MemoryStore
 from embforge.serve.middleware import ApiError
 from embforge.serve.requests import InputType
-from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges
+from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges, refuse_task
 from embforge.sparse.index import SparseIndex
 from embforge.sparse.model import SparseEncoder
 
@@ -86,8 +86,14 @@ class SparseServing:
         self.dim = model.dim
 
     def batch_items(
-        self, texts: list[str], *, input_type: InputType | None, prompt_name: str | None
+        self,
+        texts: list[str],
+        *,
+        input_type: InputType | None,
+        prompt_name: str | None,
+        task: str | None = None,
     ) -> tuple[Items, list[int]]:
+        refuse_task(KIND, task)
         query = input_type == "query"
         name = prompt_name
         if name is None and (input_type or "document") in self.model.prompts:

@@ -229,6 +229,14 @@ class LoraOptions:
         metavar="MODULES",
         pipeline=_NO_LORA,
     )
+    adapter_name: str | None = setting(  # a named task adapter (modeling/adapters.py)
+        None,
+        "train a named task adapter (e.g. retrieval), added beside the task adapters the model already has and "
+        "saved in adapters/NAME (needs --lora-r; default: one unnamed adapter)",
+        group=_MODEL,
+        metavar="NAME",
+        pipeline=_NO_LORA,
+    )
     merge_lora: bool = setting(  # fold the adapters into the final model (a plain sentence-transformers folder)
         False,
         "fold the LoRA adapters into the weights of the final model (a plain sentence-transformers folder; default "

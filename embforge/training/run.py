@@ -205,6 +205,15 @@ def with_lora(model: Any, config: TrainConfig) -> Any:
     from embforge.modeling.lora import LoraConfig, apply_lora, uses_adapters
 
     lora = LoraConfig.from_fields(config.lora)
+    if lora.adapter_name is not None:  # a named task adapter beside the model's others (modeling/adapters.py)
+        from embforge.modeling.adapters import add_task_adapter
+
+        if not lora.enabled:
+            raise ValueError(f"--adapter-name {lora.adapter_name} needs --lora-r (the adapter's rank)")
+        return add_task_adapter(
+            model, lora.adapter_name, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets,
+            seed=config.seed,
+        )  # fmt: skip
     if lora.enabled and not uses_adapters(model):  # an adapted folder already brings its adapters
         apply_lora(
             model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets, seed=config.seed

@@ -27,10 +27,11 @@ FLAT_DEFAULTS = {
     "lora_r": 0, "lora_alpha": None, "lora_dropout": 0.0, "lora_targets": "all-linear", "merge_lora": False,
     "ema_decay": None, "ema_start": 0, "soup_last": 0, "soup_every": 0, "l2sp": 0.0, "wise_ft": None,
     "lines": None, "ewc": 0.0, "ewc_texts": 2048,
+    "adapter_name": None,  # added since (#52: task adapters)
 }  # fmt: skip
 # the flags `embforge train` generated from it
 FLAGS = [
-    "--allow-data-change", "--amp", "--batch-size", "--chunk-tokens", "--device", "--ema-decay", "--ema-start",
+    "--adapter-name", "--allow-data-change", "--amp", "--batch-size", "--chunk-tokens", "--device", "--ema-decay", "--ema-start",
     "--epochs", "--eval-every", "--ewc", "--gather-negatives", "--grad-accum", "--gradient-checkpointing",
     "--group-by-length", "--keep-training-state", "--l2sp", "--layer-lr-decay", "--lines", "--lora-alpha",
     "--lora-dropout", "--lora-r", "--lora-targets", "--lr", "--max-grad-norm", "--max-steps", "--merge-lora",
@@ -130,5 +131,5 @@ def test_a_flat_name_read_on_the_whole_config_names_its_part():
         _ = config.lr  # type: ignore[attr-defined]
     with pytest.raises(AttributeError, match=r"TrainConfig\.shuffle_window is now TrainConfig\.data\."):
         config.shuffle_window = 64  # type: ignore[attr-defined]
-    with pytest.raises(TypeError, match="TrainConfig has no field 'lrate'; its fields: allow_data_change"):
+    with pytest.raises(TypeError, match="TrainConfig has no field 'lrate'; its fields: adapter_name, allow_data_change"):
         TrainConfig(lrate=1.0)
