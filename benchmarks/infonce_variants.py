@@ -14,7 +14,7 @@ pool_candidates`): NDCG@10 and MRR@10 (exact cosine search). Variants:
 
 One result file per variant in ``OUT`` (a rerun skips what exists); the table is printed at the end.
 
-    HF_HUB_OFFLINE=1 flock /tmp/ef-heavy.lock .venv/bin/python benchmarks/infonce_variants.py --steps 100
+    HF_HUB_OFFLINE=1 flock /tmp/ef-heavy.lock .venv/bin/python benchmarks/infonce_variants.py --steps 40
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument(
         "--variants", default="base,infonce,gte,gist", help="comma list: base,infonce,gte,gist,hardness"
     )
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--max-seq-length", type=int, default=64)
