@@ -18,6 +18,7 @@ _EXTRAS = {
     "prometheus_client": "serve",
     "sklearn": "eval",
     "matplotlib": "eval",
+    "pytrec_eval": "eval",
     "datasets": "data",
     "pyarrow": "parquet",
     "pyarrow.parquet": "parquet",

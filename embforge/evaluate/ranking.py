@@ -1,6 +1,7 @@
-"""Pure numpy ranking metrics (NDCG, MRR, MAP, Recall, Precision, Success at a cutoff) for retrieval and reranking.
+"""Ranking metrics (NDCG, MRR, MAP, Recall, Precision, Success at a cutoff) for retrieval and reranking, computed by
+``trec_eval`` through ``pytrec_eval``.
 
-Values are 0–1 and equal ``trec_eval``'s (through ``pytrec_eval``) on the same run and qrels:
+Values are 0–1, on the same run and qrels as ``trec_eval``'s:
 
 * a run is ``{qid: {docid: score}}``; documents are ranked by score descending and, on equal scores, by docid
   descending (byte order) — exactly how ``trec_eval`` breaks ties;
@@ -8,12 +9,14 @@ Values are 0–1 and equal ``trec_eval``'s (through ``pytrec_eval``) on the same
 * ``ndcg@k`` uses the grade itself as the gain and ``log2(rank + 1)`` as the discount; the ideal ranking is made
   from every judged document of the query (``trec_eval``'s ``ndcg_cut.k``);
 * ``mrr@k`` is ``1 / rank`` of the first relevant document within the top ``k`` (``recip_rank`` on the run cut at
-  ``k``); ``map@k`` is ``map_cut.k`` (divided by all relevant documents, not ``min(k, R)``);
-  ``recall@k`` is ``recall.k``; ``precision@k`` is ``P.k`` (always divided by ``k``); ``success@k`` is 1 if any
-  relevant document is in the top ``k``.
+  ``k``: the reciprocal rank when that rank is within ``k``); ``map@k`` is ``map_cut.k`` (divided by all relevant
+  documents, not ``min(k, R)``); ``recall@k`` is ``recall.k``; ``precision@k`` is ``P.k`` (always divided by ``k``);
+  ``success@k`` is ``success.k``, 1 if any relevant document is in the top ``k``.
 
-A metric name without ``@k`` uses the whole run. Means are taken over the queries of the qrels; a qrels query the run
-does not mention counts as 0 (``pytrec_eval`` would silently leave it out, which inflates the mean).
+A metric name without ``@k`` uses the whole run (``ndcg``, ``map``, ``recip_rank``, ``set_recall``, ``set_P``; ``success``:
+a relevant document retrieved). Means are taken over the queries of the qrels; a qrels query the run does not mention
+counts as 0 (``pytrec_eval`` leaves it out, which would inflate the mean). Scores and grades may be numpy numbers:
+they are passed on as Python floats and ints. ``pytrec_eval`` comes with ``pip install 'embforge[eval]'``.
 
 Example:
     >>> run = {"q1": {"d1": 0.9, "d2": 0.8, "d3": 0.1}}
@@ -29,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+from embforge._optional import require
 
 if TYPE_CHECKING:
     from embforge.data.retrieval import RetrievalData
@@ -47,6 +52,15 @@ _ALIASES = {
     "success": "success",
     "hit": "success",
     "hit_rate": "success",
+}
+# metric kind -> the trec_eval measure of the whole run, and the one cut at k (``ndcg_cut.10``)
+_TREC = {
+    "ndcg": ("ndcg", "ndcg_cut"),
+    "map": ("map", "map_cut"),
+    "recall": ("set_recall", "recall"),
+    "precision": ("set_P", "P"),
+    "success": ("num_rel_ret", "success"),
+    "mrr": ("recip_rank", "recip_rank"),
 }
 _NAME = re.compile(r"^\s*([a-z_]+)\s*(?:@\s*(\d+))?\s*$", re.IGNORECASE)
 
@@ -80,40 +94,22 @@ def rank_documents(scores: Mapping[str, float]) -> list[str]:
     ]
 
 
-def _query_metrics(
-    ranked_grades: np.ndarray, judged_grades: np.ndarray, parsed: Sequence[tuple[str, int | None]], level: int
-) -> list[float]:
-    """All metrics of one query from the run's grades in rank order and all judged grades of the query."""
-    relevant = ranked_grades >= level
-    num_rel = int(np.count_nonzero(judged_grades >= level))
-    n = len(ranked_grades)
-    out: list[float] = []
-    for kind, k in parsed:
-        cut = n if k is None else min(k, n)
-        rel_k = relevant[:cut]
-        if kind == "ndcg":
-            gains = np.where(ranked_grades[:cut] > 0, ranked_grades[:cut], 0).astype(np.float64)
-            discounts = 1.0 / np.log2(np.arange(2, cut + 2, dtype=np.float64))
-            dcg = float(np.dot(gains, discounts))
-            ideal = np.sort(judged_grades[judged_grades > 0])[::-1].astype(np.float64)
-            ideal = ideal[: (len(ideal) if k is None else k)]
-            idcg = float(np.dot(ideal, 1.0 / np.log2(np.arange(2, len(ideal) + 2, dtype=np.float64))))
-            out.append(dcg / idcg if idcg > 0 else 0.0)
-        elif kind == "mrr":
-            hits = np.flatnonzero(rel_k)
-            out.append(1.0 / (hits[0] + 1) if len(hits) else 0.0)
-        elif kind == "map":
-            hits = np.flatnonzero(rel_k)
-            precisions = np.arange(1, len(hits) + 1) / (hits + 1)
-            out.append(float(precisions.sum()) / num_rel if num_rel else 0.0)
-        elif kind == "recall":
-            out.append(int(np.count_nonzero(rel_k)) / num_rel if num_rel else 0.0)
-        elif kind == "precision":
-            denominator = n if k is None else k
-            out.append(int(np.count_nonzero(rel_k)) / denominator if denominator else 0.0)
-        else:  # success
-            out.append(1.0 if rel_k.any() else 0.0)
-    return out
+def _measure(kind: str, k: int | None) -> tuple[str, str]:
+    """The ``trec_eval`` measure that gives metric ``kind@k`` and the key of its value in ``pytrec_eval``'s result
+    (``mrr@k`` and ``success`` without ``k`` are read off ``recip_rank`` and ``num_rel_ret``: :func:`_value`)."""
+    whole, cut = _TREC[kind]
+    if k is None or kind == "mrr":
+        return whole, whole
+    return f"{cut}.{k}", f"{cut}_{k}"
+
+
+def _value(kind: str, k: int | None, value: float) -> float:
+    """The metric from its measure's value: ``mrr@k`` is the reciprocal rank when that rank is within ``k``."""
+    if kind == "mrr" and k is not None:
+        return value if value > 0 and round(1 / value) <= k else 0.0
+    if kind == "success" and k is None:
+        return 1.0 if value > 0 else 0.0
+    return float(value)
 
 
 def evaluate_run_per_query(
@@ -123,7 +119,7 @@ def evaluate_run_per_query(
     *,
     relevance_level: int = 1,
 ) -> dict[str, dict[str, float]]:
-    """Each metric of each qrels query: ``{metric: {qid: value}}`` (0–1).
+    """Each metric of each qrels query: ``{metric: {qid: value}}`` (0–1), computed by ``pytrec_eval``.
 
     Args:
         run: ``{qid: {docid: score}}``; higher scores rank first. Queries absent from ``qrels`` are ignored.
@@ -137,15 +133,21 @@ def evaluate_run_per_query(
     parsed = [parse_metric(name) for name in metrics]
     if not qrels:
         raise ValueError("evaluate_run: the qrels are empty, so there is nothing to evaluate against")
+    measures = [_measure(kind, k) for kind, k in parsed]
+    # pytrec_eval takes plain dicts of Python ints and floats only (an int score is misread, not refused)
+    judged = {str(qid): {str(doc): int(grade) for doc, grade in docs.items()} for qid, docs in qrels.items()}
+    scored = {
+        str(qid): {str(doc): float(score) for doc, score in run[qid].items()} for qid in qrels if qid in run
+    }
+    evaluator = require("pytrec_eval").RelevanceEvaluator(
+        judged, {measure for measure, _ in measures}, relevance_level=int(relevance_level)
+    )
+    found = evaluator.evaluate(scored)
     per_query: dict[str, dict[str, float]] = {name: {} for name in metrics}
-    for qid, judged in qrels.items():
-        ranked = rank_documents(run.get(qid, {}))
-        ranked_grades = np.fromiter((judged.get(doc, 0) for doc in ranked), dtype=np.int64, count=len(ranked))
-        judged_grades = np.fromiter(judged.values(), dtype=np.int64, count=len(judged))
-        for name, value in zip(
-            metrics, _query_metrics(ranked_grades, judged_grades, parsed, relevance_level)
-        ):
-            per_query[name][qid] = value
+    for qid in qrels:
+        values = found.get(str(qid))  # pytrec_eval leaves out a query with no scored documents: it scores 0
+        for name, (kind, k), (_, key) in zip(metrics, parsed, measures):
+            per_query[name][qid] = 0.0 if values is None else _value(kind, k, values[key])
     return per_query
 
 

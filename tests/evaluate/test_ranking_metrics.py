@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -166,3 +168,9 @@ def test_figures_of_a_hand_built_run():
         "success": (1 + 1) / 4,
     }
     assert got == pytest.approx(expected, abs=1e-12)
+
+
+def test_without_pytrec_eval_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pytrec_eval", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'embforge\[eval\]'"):
+        evaluate_run({"q": {"a": 1.0}}, {"q": {"a": 1}})
