@@ -98,6 +98,8 @@ def judge_scores(
 ) -> np.ndarray:
     """``(rows, candidates)`` scores of each anchor against its candidates: a cross-encoder's (with its
     activation) or a bi-encoder's cosine, each distinct text embedded once."""
+    if not anchors:  # every row removed before (curate's steps)
+        return np.zeros((0, 0))
     width = len(candidates[0])
     if is_pair_scorer(judge):
         pairs = [(a, c) for a, row in zip(anchors, candidates) for c in row]

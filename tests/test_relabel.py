@@ -270,3 +270,8 @@ def test_cli_names_the_line_of_a_malformed_row(
     ]
     assert main([*argv, "--relabel", "--judge", "unused"]) == 2
     assert f"{broken}:3: column 'negative_2': missing value" in capsys.readouterr().err
+
+
+def test_no_rows_left_gives_an_empty_file(mined: Path) -> None:
+    out, report = relabel(read_table(mined), WordModel(), RelabelConfig(), rows=[])
+    assert len(out) == 0 and report.summary()["rows_out"] == 0
