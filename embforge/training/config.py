@@ -43,6 +43,7 @@ from embforge.training.weighting import DynamicWeighting
 
 LAYER_DECAY = finite(0, 1, open_low=True)
 _OPT, _SCALE, _EVAL, _OUT, _MODEL = "optimisation", "scale", "evaluation", "output", "model"
+_NO_EVAL = "a pipeline's stages are not evaluated during training"  # About.pipeline of the evaluation fields
 _NO_LORA = "a pipeline trains all weights (its stages take no LoRA adapters)"  # About.pipeline
 
 
@@ -160,9 +161,15 @@ class Evaluation:
     """What is measured and logged during training (``TrainConfig.evaluation``)."""
 
     eval_every: int = setting(  # 0 = at the end only
-        0, "evaluate every N steps (default 0: at the end only)", group=_EVAL, range=NON_NEGATIVE_INT
+        0,
+        "evaluate every N steps (default 0: at the end only)",
+        group=_EVAL,
+        range=NON_NEGATIVE_INT,
+        pipeline=_NO_EVAL,
     )
-    metric: str | None = None  # None: the evaluator's main metric (primary_metric)
+    metric: str | None = setting(
+        None, pipeline=_NO_EVAL
+    )  # None: the evaluator's main metric (primary_metric)
     log_every: int = setting(10, range=POSITIVE_INT)
 
     def __post_init__(self) -> None:
@@ -217,10 +224,11 @@ class LoraOptions:
     )
     lora_dropout: float = setting(
         0.0,
-        "dropout on the LoRA adapters' input, in [0, 1, pipeline=_NO_LORA) (default 0)",
+        "dropout on the LoRA adapters' input, in [0, 1) (default 0)",
         group=_MODEL,
         range=finite(0, 1, open_high=True),
         metavar="P",
+        pipeline=_NO_LORA,
     )
     lora_targets: str = setting(  # or e.g. "query,value" / "q_proj,v_proj"
         "all-linear",
@@ -279,12 +287,8 @@ class TrainConfig:
     same gradients as one process); ``False`` gives each rank the loss of its own rows
     (:mod:`embforge.training.distributed`).
 
-    ``ema_decay`` (an EMA of the weights from step ``ema_start``) or ``soup_last`` (the uniform mean of the
-    weights at the last k steps ``soup_every`` apart) make the final model an average of weights
-    (:mod:`embforge.training.averaging`). ``l2sp`` (decay toward the starting weights after every step), ``ewc``
-    (the same, each weight at a rate set by the starting model's Fisher information), ``wise_ft`` (the final
-    model mixed with the starting weights) and ``lines`` (each weight's change scaled by its depth) anchor the run
-    to its base (:mod:`embforge.training.anchor`).
+    ``ema_decay``/``soup_last`` make the final model an average of weights (:mod:`embforge.training.averaging`);
+    ``l2sp``, ``ewc``, ``wise_ft`` and ``lines`` anchor the run to its base (:mod:`embforge.training.anchor`).
     """
 
     output: str = setting(

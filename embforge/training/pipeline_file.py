@@ -77,6 +77,15 @@ def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
         )
 
 
+def _not_honoured(keys: set[str], where: str) -> None:
+    """A config field a pipeline cannot honour (LoRA, evaluation: what the field declares) is an error naming it,
+    never a value silently ignored."""
+    for key in sorted(keys & _CONFIG_FIELDS):
+        reason = about_field(TrainConfig, key).pipeline
+        if reason:
+            raise PipelineError(f"{where}: field {key!r}: {reason}")
+
+
 def parse_pipeline(
     values: dict[str, Any], *, source: str = "pipeline", base_dir: Path | None = None
 ) -> Pipeline:
@@ -89,11 +98,13 @@ def parse_pipeline(
         )
     defaults = dict(values.get("defaults", {}))
     _unknown(set(defaults), _CONFIG_FIELDS, f"{source}: [defaults]")
+    _not_honoured(set(defaults), f"{source}: [defaults]")
     stages = []
     for i, raw in enumerate(stages_raw, 1):
         name = str(raw.get("name", f"stage{i}"))
         where = f"{source}: stage {i} ({name!r})"
         _unknown(set(raw), _STAGE_KEYS, where)
+        _not_honoured(set(raw), where)
         tasks_raw = raw.get("tasks")
         if not isinstance(tasks_raw, list) or not tasks_raw:
             raise PipelineError(f"{where}: field 'tasks' is missing or empty; add [[stages.tasks]] tables")

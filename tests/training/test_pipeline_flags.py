@@ -106,3 +106,23 @@ def test_overrides_of_a_parsed_pipeline(tmp_path, tiny_model_dir):
         with_overrides(pipeline, {"lr": -1.0})
     with pytest.raises(PipelineError, match=r"num_negatives cannot be set for a pipeline: .*mine = "):
         with_overrides(pipeline, {"num_negatives": 2})
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("lora_r = 8", "lora_r"),
+        ("lora_dropout = 0.1", "lora_dropout"),
+        ("eval_every = 5", "eval_every"),
+        ("metric = 'spearman'", "metric"),
+    ],
+)
+def test_a_stage_field_the_pipeline_cannot_honour_is_refused_not_ignored(
+    tmp_path, tiny_model_dir, line, field
+):
+    from embforge.training.pipeline_file import PipelineError, load_pipeline
+
+    path = two_stages(tmp_path, tiny_model_dir)
+    path.write_text(path.read_text().replace("lr = 1e-3\n", f"lr = 1e-3\n{line}\n", 1))
+    with pytest.raises(PipelineError, match=rf"stage 1 \('one'\): field '{field}': a pipeline"):
+        load_pipeline(path)
