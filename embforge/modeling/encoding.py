@@ -7,6 +7,7 @@ normalisation.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -138,3 +139,17 @@ class BatchEncoding(PromptTokenizing):
         if do_norm and (dim is not None or not self.normalize):
             out = l2_normalize(out)
         return out[0] if single else out
+
+
+def reports_batches(model: object) -> bool:
+    """Whether ``model.encode`` takes ``on_batch`` (a progress callback per forward): named in its signature, or
+    in the one an override reaches through ``**options`` (``Encoder.encode(task=...)`` over :meth:`BatchEncoding.encode`)."""
+    for cls in type(model).__mro__:
+        if "encode" not in cls.__dict__:
+            continue
+        parameters = inspect.signature(cls.__dict__["encode"]).parameters
+        if "on_batch" in parameters:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return False
+    return False

@@ -32,7 +32,6 @@ from, :mod:`embforge.retrieval.search`), ``take(rows)`` gathers rows (re-ranking
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from embforge.files import write_text_atomic
+from embforge.modeling.encoding import reports_batches
 from embforge.modeling.precision import autocast_tag
 from embforge.progress import progress_bar, progress_enabled
 from embforge.retrieval.checked_shards import (
@@ -175,7 +175,7 @@ def encode_corpus(
         enabled=progress_enabled(show_progress, steps=-(-len(texts) // batch_size)) and writer,
     )
     # the bar moves per batch when the model reports batches (Encoder / OnnxEncoder), else per block
-    per_batch = {"on_batch": bar.update} if "on_batch" in inspect.signature(model.encode).parameters else {}
+    per_batch = {"on_batch": bar.update} if reports_batches(model) else {}
     options = {"batch_size": batch_size, "prompt_name": prompt_name, "show_progress": False, **per_batch}
     for number in (n for n in range(shards.num_blocks) if n not in done):
         first, rows = number * block_size, shards.shard_key(number).rows
