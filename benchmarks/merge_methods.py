@@ -119,21 +119,22 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def line_at(line: list[dict[str, Any]], sts: float) -> float | None:
-    """The straight line's SciFact NDCG@10 at STS Spearman ``sts`` (``None`` outside its range)."""
+def line_at(line: list[dict[str, Any]], sts: float) -> tuple[float, bool]:
+    """The straight line's SciFact NDCG@10 at STS Spearman ``sts``, and whether ``sts`` is past its ends (then the
+    nearer end's NDCG@10: a point past the specialist's STS and above its NDCG@10 beats it on both)."""
     points = sorted((r["sts"], r["ndcg@10"]) for r in line)
     for (s0, n0), (s1, n1) in pairwise(points):
         if s0 <= sts <= s1:
-            return n0 if s1 == s0 else n0 + (sts - s0) / (s1 - s0) * (n1 - n0)
-    return None
+            return (n0 if s1 == s0 else n0 + (sts - s0) / (s1 - s0) * (n1 - n0)), False
+    return (points[0][1] if sts < points[0][0] else points[-1][1]), True
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     line = [r for r in rows if r["label"].startswith("linear t=")]
     out = ["| merge | STS-B test Spearman | SciFact dev NDCG@10 | vs line |", "|---|---:|---:|---:|"]
     for r in rows:
-        at = line_at(line, r["sts"])
-        vs = "" if r in line else "outside" if at is None else f"{r['ndcg@10'] - at:+.2f}"
+        at, past = line_at(line, r["sts"])
+        vs = "" if r in line else f"{r['ndcg@10'] - at:+.2f}" + (" (past the end)" if past else "")
         out.append(f"| {r['label']} | {r['sts']:.2f} | {r['ndcg@10']:.2f} | {vs} |")
     return "\n".join(out)
 
