@@ -209,8 +209,7 @@ def test_model_card_export_and_merge_know_the_kind(colbert: MultiVectorEncoder, 
     assert "multi-vector (ColBERT" in card.read_text() and "MultiVectorEncoder.load" in card.read_text()
     with pytest.raises(ValueError, match="multi-vector \\(ColBERT\\) model: embforge has no ONNX export"):
         export_onnx(tmp_path / "colbert", tmp_path / "onnx")
-    with pytest.raises(ValueError, match="is a multivector model: embforge merge combines dense"):
-        Merger([tmp_path / "colbert", tmp_path / "colbert"])
+    assert isinstance(Merger([tmp_path / "colbert", tmp_path / "colbert"]).merge(), MultiVectorEncoder)  # #52
 
 
 def test_cli_trains_and_evaluates_a_colbert_model(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:

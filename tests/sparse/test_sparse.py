@@ -337,7 +337,7 @@ def test_sparse_train_evaluate_save_load_in_sentence_transformers_and_serve(mlm_
         assert client.post("/v1/embeddings", json={"input": [" "]}).status_code == 422
 
 
-def test_sparse_models_are_refused_clearly_by_export_and_merge(mlm_dir, tmp_path):
+def test_sparse_models_are_refused_clearly_by_export_and_merge_as_sparse(mlm_dir, tmp_path):
     from embforge.merge import Merger
     from embforge.onnx.export import export_onnx
     from embforge.sparse.model import SparseEncoder
@@ -345,8 +345,7 @@ def test_sparse_models_are_refused_clearly_by_export_and_merge(mlm_dir, tmp_path
     SparseEncoder.load(mlm_dir).save(tmp_path / "splade")
     with pytest.raises(ValueError, match="sparse \\(SPLADE\\) model: embforge has no ONNX export"):
         export_onnx(tmp_path / "splade", tmp_path / "onnx")
-    with pytest.raises(ValueError, match="is a sparse model: embforge merge combines dense"):
-        Merger([tmp_path / "splade", tmp_path / "splade"])
+    assert isinstance(Merger([tmp_path / "splade", tmp_path / "splade"]).merge(), SparseEncoder)  # #52
 
 
 def test_encode_cli_refuses_a_sparse_model_clearly(mlm_dir, tmp_path, capsys):

@@ -117,14 +117,13 @@ def test_static_model_trains_evaluates_saves_and_loads_in_sentence_transformers(
     assert np.abs(vectors - trained.encode(TEXTS)).max() <= 1e-5
 
 
-def test_static_models_are_refused_clearly_by_export_and_merge(static_dir, tmp_path):
+def test_static_models_are_refused_clearly_by_export_and_merge_as_static(static_dir, tmp_path):
     from embforge.merge import Merger
     from embforge.onnx.export import export_onnx
 
     with pytest.raises(ValueError, match="static embedding model: there is no transformer to export"):
         export_onnx(static_dir, tmp_path / "onnx")
-    with pytest.raises(ValueError, match="is a static model: embforge merge combines dense"):
-        Merger([static_dir, static_dir])
+    assert Merger([static_dir, static_dir]).merge().kind.value == "static"  # #52: every kind merges
 
 
 def test_encode_cli_writes_a_static_models_vectors(static_dir, tmp_path):
