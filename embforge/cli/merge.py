@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from embforge.cli.values import float_list, folder, number, ratio
+from embforge.cli.values import float_list, folder, number, ratio, seed
 from embforge.merging.records import METHODS
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "keeping each entry; in (0, 1] (default 0.2)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="dare_linear/dare_ties: seed of the drops (default 0)"
+        "--seed", type=seed, default=0, help="dare_linear/dare_ties: seed of the drops (default 0)"
     )
     parser.add_argument(
         "--layer-scaling",
