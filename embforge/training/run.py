@@ -192,7 +192,9 @@ def load_model(spec: RunSpec) -> Trainable:
         if not is_cross_encoder_folder(spec.model):  # a new head: one logit, two for a classification loss
             options["num_labels"] = 2 if resolved_loss(spec) in ("ce", "softmax") else 1
     model: Trainable = record.model_cls().load(spec.model, **options)
-    if spec.bidirectional:  # a decoder backbone attending both ways, saved in its config (modeling/decoder.py)
+    if (
+        spec.bidirectional
+    ):  # a decoder backbone attending both ways, saved in its config (modeling/decoder.py)
         make_bidirectional(model)
     dims = spec.matryoshka_dims
     if dims and is_single_vector(model) and max(dims) > model.dim:

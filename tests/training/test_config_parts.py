@@ -131,5 +131,7 @@ def test_a_flat_name_read_on_the_whole_config_names_its_part():
         _ = config.lr  # type: ignore[attr-defined]
     with pytest.raises(AttributeError, match=r"TrainConfig\.shuffle_window is now TrainConfig\.data\."):
         config.shuffle_window = 64  # type: ignore[attr-defined]
-    with pytest.raises(TypeError, match="TrainConfig has no field 'lrate'; its fields: adapter_name, allow_data_change"):
+    with pytest.raises(
+        TypeError, match="TrainConfig has no field 'lrate'; its fields: adapter_name, allow_data_change"
+    ):
         TrainConfig(lrate=1.0)
