@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from embforge.data.augment import AUGMENTATIONS, augment_texts
@@ -49,9 +50,10 @@ def infonce_blocks(
     queries, positives = embeddings[0], embeddings[1]
     documents = torch.cat(list(embeddings[1:])) if len(embeddings) > 2 else positives
     n, columns = len(queries), len(embeddings) - 1
-    own = torch.eye(n, dtype=torch.bool, device=queries.device).repeat(1, columns)  # pair i's documents
     query_doc = cosine_matrix(queries, documents)
     blocks = {"query_to_doc": query_doc * scale}
+    if (hardness_mode is not None and hardness_strength > 0) or "doc_to_doc" in directions:
+        own = torch.eye(n, dtype=torch.bool, device=queries.device).repeat(1, columns)  # pair i's documents
     if hardness_mode is not None and hardness_strength > 0:
         first_column = torch.zeros_like(own)
         first_column[:, :n] = True
@@ -80,13 +82,13 @@ def partitioned_loss(blocks: dict[str, Tensor], partition_mode: str = "joint") -
         \qquad \text{per\_direction: } \mathcal{L} = -\frac1n\sum_i \Big(\ell_{ii} - \frac1B\sum_b
         \log\sum_j e^{\ell^{b}_{ij}}\Big)
     """
-    query_doc = blocks["query_to_doc"]
-    positive = query_doc.diagonal()
+    query_doc = blocks["query_to_doc"]  # first: the positive of row i is column i of the joined blocks too
+    targets = torch.arange(len(query_doc), device=query_doc.device)
     if partition_mode == "joint":
-        log_z = torch.logsumexp(torch.cat(list(blocks.values()), dim=1), dim=1)
-    else:
-        log_z = torch.stack([torch.logsumexp(block, dim=1) for block in blocks.values()]).mean(0)
-    return (log_z - positive).mean()
+        logits = torch.cat(list(blocks.values()), dim=1) if len(blocks) > 1 else query_doc
+        return F.cross_entropy(logits, targets)
+    # per_direction takes only the blocks that hold the pair's positive on their diagonal (q->d, d->q)
+    return torch.stack([F.cross_entropy(block, targets) for block in blocks.values()]).mean()
 
 
 def _directions(value: str | Sequence[str] | None, symmetric: bool) -> tuple[str, ...]:

@@ -139,3 +139,25 @@ def test_directions_from_the_cli_and_refusals():
         InfoNCELoss(hardness_strength=9.0)
     with pytest.raises(ValueError, match="hardness_mode must be one of"):
         InfoNCELoss(hardness_mode="hardest", hardness_strength=1.0)
+
+
+@pytest.mark.parametrize("columns", [2, 3])
+def test_the_default_direction_costs_what_a_plain_cross_entropy_costs(columns):
+    """The options must not tax the default: query -> document InfoNCE dispatches the operators of
+    ``cross_entropy(cos(q, D) / tau, arange(n))``, forward and backward (each one a kernel launch on a GPU)."""
+    import torch.nn.functional as F
+
+    from embforge.losses.base import cosine_matrix
+    from embforge.profiling import op_count
+
+    torch.manual_seed(0)
+    batch = [torch.randn(16, 8, requires_grad=True) for _ in range(columns)]
+
+    def ours() -> None:
+        InfoNCELoss(temperature=0.05)(batch).backward()
+
+    def plain() -> None:
+        logits = cosine_matrix(batch[0], torch.cat(batch[1:])) * 20.0
+        F.cross_entropy(logits, torch.arange(16)).backward()
+
+    assert op_count(ours) <= op_count(plain)
