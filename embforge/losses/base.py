@@ -82,3 +82,29 @@ def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
 def pairwise_cosine(a: Tensor, b: Tensor) -> Tensor:
     """Row-wise cosine similarity of two ``(n, dim)`` tensors, in float32."""
     return F.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+class LossWrapper(EmbeddingLoss):
+    """A loss around another (Matryoshka, the centroid penalty): the columns, labels and data-dependent start it
+    takes are the inner loss's."""
+
+    shared: tuple[str, ...] = (
+        "min_texts",
+        "max_texts",
+        "needs_labels",
+        "repeat_single_text",
+        "in_batch_negatives",
+        "guide",
+    )
+
+    def __init__(self, loss: EmbeddingLoss) -> None:
+        super().__init__()
+        self.inner = loss
+        for attr in self.shared:
+            setattr(self, attr, getattr(loss, attr))
+
+    def prepare_labels(self, labels):  # noqa: ANN001, ANN201
+        return self.inner.prepare_labels(labels)
+
+    def start_from(self, model, data):  # noqa: ANN001, ANN201
+        self.inner.start_from(model, data)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from embforge.losses.base import EmbeddingLoss
+from embforge.losses.base import EmbeddingLoss, LossWrapper
 
 
 def centroid_penalty(embeddings: list[Tensor]) -> Tensor:
@@ -31,7 +31,7 @@ def centroid_penalty(embeddings: list[Tensor]) -> Tensor:
     return unit.mean(0).square().sum()
 
 
-class CentroidLoss(EmbeddingLoss):
+class CentroidLoss(LossWrapper):
     r"""An inner loss plus ``centroid`` × :func:`centroid_penalty` of the batch (loss option ``centroid``).
 
     .. math:: \mathcal{L} = \mathcal{L}_{\text{inner}}(e, y) + w\, \Big\lVert \frac{1}{n} \sum_i
@@ -57,27 +57,12 @@ class CentroidLoss(EmbeddingLoss):
         1.0
     """
 
+    shared = (*LossWrapper.shared, "fixed_dim")  # the penalty leaves the dimension as it is
+
     def __init__(self, loss: EmbeddingLoss, *, centroid: float, centroid_columns: int | None = None) -> None:
-        super().__init__()
-        self.inner = loss
+        super().__init__(loss)
         self.centroid, self.centroid_columns = float(centroid), centroid_columns
         self.name = loss.name
-        for attr in (
-            "min_texts",
-            "max_texts",
-            "needs_labels",
-            "repeat_single_text",
-            "in_batch_negatives",
-            "fixed_dim",
-            "guide",
-        ):
-            setattr(self, attr, getattr(loss, attr))
-
-    def prepare_labels(self, labels):  # noqa: ANN001, ANN201
-        return self.inner.prepare_labels(labels)
-
-    def start_from(self, model, data):  # noqa: ANN001, ANN201
-        self.inner.start_from(model, data)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         return self.inner(embeddings, labels) + self.centroid * centroid_penalty(

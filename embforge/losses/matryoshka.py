@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor
 
-from embforge.losses.base import EmbeddingLoss
+from embforge.losses.base import EmbeddingLoss, LossWrapper
 
 
-class MatryoshkaLoss(EmbeddingLoss):
+class MatryoshkaLoss(LossWrapper):
     r"""Weighted sum of an inner loss over prefixes of the embedding (``--matryoshka-dims``).
 
     .. math:: \mathcal{L} = \sum_k w_k\, \mathcal{L}_{\text{inner}}\big(\mathrm{norm}(e_{[:d_k]})\big)
@@ -39,7 +39,6 @@ class MatryoshkaLoss(EmbeddingLoss):
     def __init__(
         self, loss: EmbeddingLoss, dims: Sequence[int], weights: Sequence[float] | None = None
     ) -> None:
-        super().__init__()
         if loss.fixed_dim:
             raise ValueError(
                 f"the {loss.name!r} loss has parameters sized to the full embedding; it cannot be "
@@ -51,25 +50,10 @@ class MatryoshkaLoss(EmbeddingLoss):
             weights = [1.0] * len(dims)
         if len(weights) != len(dims):
             raise ValueError(f"got {len(dims)} Matryoshka dims but {len(weights)} weights")
-        self.inner = loss
+        super().__init__(loss)
         self.dims = [int(d) for d in dims]
         self.weights = [float(w) for w in weights]
         self.name = f"matryoshka({loss.name})"
-        for attr in (
-            "min_texts",
-            "max_texts",
-            "needs_labels",
-            "repeat_single_text",
-            "in_batch_negatives",
-            "guide",
-        ):
-            setattr(self, attr, getattr(loss, attr))
-
-    def prepare_labels(self, labels):  # noqa: ANN001, ANN201
-        return self.inner.prepare_labels(labels)
-
-    def start_from(self, model, data):  # noqa: ANN001, ANN201
-        self.inner.start_from(model, data)
 
     def forward(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         full = embeddings[0].shape[-1]
