@@ -44,13 +44,15 @@ def main():
     args = parser.parse_args()
 
     from embforge.data.builtin.scifact import load_scifact
+    from embforge.data.retrieval import training_pairs
     from embforge.encoder import Encoder
     from embforge.evaluate.retrieval import evaluate_retrieval
     from embforge.losses import get_loss
     from embforge.retrieval.mining import MiningConfig
     from embforge.training.config import TrainConfig
     from embforge.training.loop import train
-    from embforge.training.refresh import RefreshConfig, retrieval_training
+    from embforge.training.refresh import NegativeRefresher, RefreshConfig, RefreshHook
+    from embforge.training.tasks import Task
 
     train_data = sub_corpus(load_scifact("train"), args.train_docs)
     dev = sub_corpus(load_scifact("dev"), args.eval_docs)
@@ -77,15 +79,15 @@ def main():
         if row != "zero-shot":
             out = f"{args.output}/{row}"
             loss = get_loss("infonce")
-            tasks, hook = retrieval_training(
-                model,
-                data=train_data,
-                loss=loss,
-                refresh=settings[row],
-                total_steps=args.steps,
-                output=out,
-                other_tasks=[],
-            )
+            hook = None
+            if settings[row] is None:
+                tasks = [Task("retrieval", training_pairs(train_data), loss)]
+            else:
+                miner = NegativeRefresher(
+                    train_data, loss, settings[row], total_steps=args.steps, log_dir=out
+                )
+                tasks = miner.start(model)
+                hook = RefreshHook(miner, tasks) if settings[row].every else None
             config = TrainConfig(
                 output=out,
                 max_steps=args.steps,

@@ -145,5 +145,5 @@ def run_train(args: argparse.Namespace) -> Mapping[str, object] | None:
     if "loss_options" in given:
         given["loss_options"] = {**values.get("loss_options", {}), **given["loss_options"]}
     spec = spec_from_dict({**values, **given}, source=path or "command line")
-    summary = run(spec)
+    summary = run(spec, source=path or "command line")
     return {"output": spec.config.output, **summary} if is_main() else None

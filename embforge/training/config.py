@@ -43,7 +43,6 @@ from embforge.training.weighting import DynamicWeighting
 
 LAYER_DECAY = finite(0, 1, open_low=True)
 _OPT, _SCALE, _EVAL, _OUT, _MODEL = "optimisation", "scale", "evaluation", "output", "model"
-_NO_EVAL = "a pipeline's stages are not evaluated during training"  # About.pipeline of the evaluation fields
 _NO_LORA = "a pipeline trains all weights (its stages take no LoRA adapters)"  # About.pipeline
 
 
@@ -165,11 +164,8 @@ class Evaluation:
         "evaluate every N steps (default 0: at the end only)",
         group=_EVAL,
         range=NON_NEGATIVE_INT,
-        pipeline=_NO_EVAL,
     )
-    metric: str | None = setting(
-        None, pipeline=_NO_EVAL
-    )  # None: the evaluator's main metric (primary_metric)
+    metric: str | None = setting(None)  # None: the evaluator's main metric (primary_metric)
     log_every: int = setting(10, range=POSITIVE_INT)
 
     def __post_init__(self) -> None:

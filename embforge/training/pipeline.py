@@ -1,4 +1,5 @@
-"""Multi-stage training pipelines: a TOML file with ``[[stages]]``, run in order, resumable at stage and step.
+"""Training runs: a TOML file with ``[[stages]]`` run in order, resumable at stage and step; a single run is a
+one-stage pipeline (:func:`embforge.training.run.as_pipeline`) trained in its output folder itself.
 
 A pipeline file::
 
@@ -20,6 +21,8 @@ A pipeline file::
       weight = 1.0
       options = { temperature = 0.05 }
       mine = { method = "bm25", num_negatives = 1 }   # optional: hard negatives mined when the stage starts
+                                    # (refresh_every = N: re-mined with the current model every N steps)
+    eval = "stsb:validation"        # optional: evaluated during the stage (eval_every, metric); best/ kept
 
 Every stage is validated before any training starts (unknown keys or losses, data lacking the columns its loss
 needs, Matryoshka dimensions above the model's); errors name the stage, the task and the field. Stage *k*
@@ -45,25 +48,21 @@ reranking set's ``(query, candidate)`` rows into lists of ``SIZE`` candidates (`
 
 from __future__ import annotations
 
-import functools
 import json
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from embforge.data.builtin import DATASETS, load_builtin
-from embforge.data.retrieval import size_of, training_pairs
-from embforge.data.tables import DataError, Dataset, read_table
-from embforge.distill import targets
-from embforge.distill.lists import candidate_lists
+from embforge.data.sources import row_count
 from embforge.kinds import ModelKind, kind_record
-from embforge.losses.base import BaseLoss
-from embforge.progress import phase
 from embforge.training.artifacts import OutputInUse, claim_output, link_identical
+from embforge.training.builders import load_model, model_dim
 from embforge.training.checkpoints import atomic_dir, write_text_atomic
 from embforge.training.distributed import barrier, init_from_env, is_main
 from embforge.training.loop import train
 from embforge.training.pipeline_file import (
+    EvalSpec,
     Pipeline,
     PipelineError,
     Stage,
@@ -74,13 +73,14 @@ from embforge.training.pipeline_file import (
     parse_pipeline,
     stage_dir,
 )
-from embforge.training.run import make_loss, model_dim, new_loss
-from embforge.training.tasks import Task
+from embforge.training.stage_tasks import build_stage_tasks, check_stage, stage_evaluator, where
 
 if TYPE_CHECKING:
-    from embforge.retrieval.mining import MiningConfig
+    from embforge.training.tasks import Task
+    from embforge.training.trainer import Trainable
 
 __all__ = [
+    "EvalSpec",
     "Pipeline",
     "PipelineError",
     "Stage",
@@ -96,215 +96,31 @@ __all__ = [
 ]
 
 
-def _load_source(spec: TaskSpec, pipeline: Pipeline, where: str) -> Any:
-    """The task's data: a built-in ``name:split`` or a file; a RetrievalData only for built-in retrieval sets."""
-    name, _, split = spec.data.partition(":")
-    if name in DATASETS:
-        try:
-            return load_builtin(name, split or "train")
-        except (ValueError, FileNotFoundError) as err:
-            raise PipelineError(f"{where}: field 'data' = {spec.data!r}: {err}") from None
-    path = Path(spec.data)
-    path = path if path.is_absolute() else pipeline.base_dir / path
-    if not path.exists():
-        raise PipelineError(
-            f"{where}: field 'data' = {spec.data!r}: no such file ({path}) and not a built-in data set "
-            f"({', '.join(DATASETS)}, written name:split)"
-        )
-    try:
-        return read_table(path, columns=spec.columns)
-    except DataError as err:
-        raise PipelineError(f"{where}: field 'data': {err}") from None
-
-
-def _as_training_rows(source: Any) -> Dataset:
-    from embforge.data.retrieval import RetrievalData
-
-    if isinstance(source, RetrievalData):
-        return training_pairs(source)
-    return source
-
-
-def _where(pipeline: Pipeline, index: int, stage: Stage) -> str:
-    return f"{pipeline.source}: stage {index} ({stage.name!r})"
-
-
-def _check_matryoshka(stage: Stage, dim: int | None, where: str) -> None:
-    """Matryoshka dimensions within the model's ``dim`` (a cross-encoder, ``dim=None``: its loss refuses them)."""
-    if dim is not None and stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
-        raise PipelineError(
-            f"{where}: field 'matryoshka_dims': {max(stage.matryoshka_dims)} is larger than the model's "
-            f"dimension {dim}; use values <= {dim}"
-        )
-
-
-def _task_data(spec: TaskSpec, pipeline: Pipeline, where: str) -> tuple[Any, Dataset]:
-    """A task's source (a RetrievalData for a built-in retrieval set) and its training rows (``limit`` kept)."""
-    problem = targets.check_teacher_task(spec.loss, spec.teacher, spec.lists, where)
-    if problem:
-        raise PipelineError(problem)
-    with phase(f"train: {where}: reading {spec.data} ..."):
-        source = _load_source(spec, pipeline, where)
-    data = _as_training_rows(source)
-    if spec.lists is not None:
-        try:
-            data = candidate_lists(data, size=spec.lists, seed=targets.LISTS_SEED)
-        except (TypeError, ValueError) as err:
-            raise PipelineError(f"{where}: field 'lists' = {spec.lists!r}: {err}") from None
-    if spec.limit is not None:
-        data = data.subset(list(range(min(spec.limit, len(data)))))
-    return source, data
-
-
-def _stage_loss(
-    spec: TaskSpec, stage: Stage, data: Dataset, where: str, build: Callable[..., BaseLoss]
-) -> BaseLoss:
-    """The task's loss from ``build`` (:func:`new_loss` for a model kind and dimension, or :func:`make_loss` for a
-    model) with the stage's Matryoshka settings; an error names the stage, task and field."""
-    try:
-        return build(
-            spec.loss,
-            data=data,
-            options=spec.options,
-            matryoshka_dims=stage.matryoshka_dims,
-            matryoshka_weights=stage.matryoshka_weights,
-        )
-    except ValueError as err:
-        raise PipelineError(f"{where}: field 'loss' = {spec.loss!r}: {err}") from None
-
-
-def _task(spec: TaskSpec, data: Dataset, loss: BaseLoss, where: str) -> Task:
-    """The task, its data checked against what its loss needs."""
-    task = Task(spec.name, data, loss, weight=spec.weight)
-    try:
-        task.validate()
-    except DataError as err:
-        raise PipelineError(f"{where}: field 'data' = {spec.data!r} does not fit the loss: {err}") from None
-    return task
-
-
-def check_stage(
-    stage: Stage, index: int, pipeline: Pipeline, *, dim: int | None, kind: ModelKind | str = "dense"
+def validate_pipeline(
+    pipeline: Pipeline,
+    *,
+    dim: int | None,
+    kind: ModelKind | str = "dense",
+    kept: dict[str, Any] | None = None,
 ) -> None:
-    """Check a stage before any model is loaded: its data exist and have the columns its losses need; the loss
-    names, options and mining settings are valid; Matryoshka dimensions fit a model of ``dim`` (``None``: a
-    cross-encoder)."""
-    where_stage = _where(pipeline, index, stage)
-    _check_matryoshka(stage, dim, where_stage)
-    for spec in stage.tasks:
-        where = f"{where_stage}, task {spec.name!r}"
-        _, data = _task_data(spec, pipeline, where)
-        if spec.teacher is not None:  # the teacher's embeddings or scores will be the labels
-            data = targets.placeholder_targets(data)
-        loss = _stage_loss(spec, stage, data, where, functools.partial(new_loss, kind=kind, dim=dim))
-        if spec.mine is not None:  # the rows mining reads
-            _mining_config(spec, where)
-            if spec.loss in targets.SCORE_LOSSES and spec.teacher is not None:
-                raise PipelineError(
-                    f"{where}: field 'mine': the teacher scores the task's rows before negatives are mined; mine "
-                    "them in a file first ('embforge mine') and give the teacher that file"
-                )
-            if kind_record(kind).pair_scoring:
-                raise PipelineError(
-                    f"{where}: field 'mine': negatives are mined with an embedding model, and a cross-encoder "
-                    "scores pairs; mine them in a file first ('embforge mine') and train on that file"
-                )
-            data.require(["anchor", "positive"], purpose=f"mining for {where}")
-        _task(spec, data, loss, where)
-
-
-def build_stage_tasks(
-    stage: Stage, index: int, pipeline: Pipeline, *, model: Any, workdir: Path
-) -> list[Task]:
-    """A stage's tasks for ``model``: their data, the teachers' targets, mined negatives and losses."""
-    where_stage = _where(pipeline, index, stage)
-    _check_matryoshka(stage, model_dim(model), where_stage)
-    rows: dict[str, tuple[Any, Dataset]] = {}
-    loaded: dict[str, Any] = {}  # teachers, loaded once per stage
-    for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
-        where = f"{where_stage}, task {spec.name!r}"
-        source, data = _task_data(spec, pipeline, where)
-        if spec.teacher is not None:
-            data = _with_teacher(spec, data, stage, pipeline, model, where, loaded)
-        rows[spec.name] = source, data
-    tasks = []
-    for spec in stage.tasks:
-        where = f"{where_stage}, task {spec.name!r}"
-        source, data = rows[spec.name]
-        loss = _stage_loss(spec, stage, data, where, functools.partial(make_loss, model=model))
-        if spec.mine is not None:
-            data = _mined(spec, source, data, model, workdir, where)
-        tasks.append(_task(spec, data, loss, where))
-    return tasks
-
-
-def _with_teacher(
-    spec: TaskSpec, data: Dataset, stage: Stage, pipeline: Pipeline, model: Any, where: str, loaded: dict
-) -> Dataset:
-    """The task's texts with the teacher's scores or embeddings as labels (cached), projecting the model if
-    needed."""
-    cache = pipeline.teacher_cache or str(Path(pipeline.output) / "teacher-cache")
-    try:
-        teacher = targets.resolve_teacher(str(spec.teacher), pipeline.base_dir)
-        if spec.loss in targets.SCORE_LOSSES:
-            scorer = targets.load_teacher(teacher, str(model.device), loaded)
-            # torchrun: rank 0 scores, every process reads the file it wrote
-            path = targets.scored_file(
-                data, scorer, cache_dir=cache, show_progress=not stage.config.quiet, write=is_main()
-            )
-            barrier()
-            return read_table(path)
-        return targets.teacher_targets(
-            data,
-            teacher,
-            model=model,
-            cache_dir=cache,
-            seed=stage.config.seed,
-            show_progress=not stage.config.quiet,
-            loaded=loaded,
-            project=spec.loss in targets.PROJECTED_LOSSES,
-        )
-    except (OSError, ValueError) as err:
-        raise PipelineError(f"{where}: field 'teacher' = {spec.teacher!r}: {err}") from None
-
-
-def _mining_config(spec: TaskSpec, where: str) -> MiningConfig:
-    from embforge.retrieval.mining import MiningConfig
-
-    try:
-        return MiningConfig(**(spec.mine or {}))
-    except (TypeError, ValueError) as err:
-        raise PipelineError(f"{where}: field 'mine': {err}") from None
-
-
-def _mined(spec: TaskSpec, source: Any, data: Dataset, model: Any, workdir: Path, where: str) -> Dataset:
-    """Hard negatives for a task, mined with the current model at the stage's start (cached in ``workdir``)."""
-    from embforge.retrieval.mining import mine, write_jsonl
-    from embforge.retrieval.sharded import sharded
-
-    config = _mining_config(spec, where)
-    cached = workdir / f"mined-{spec.name}.jsonl"
-    if cached.exists():
-        return read_table(cached)
-    rows, n = (source if spec.limit is None else data), config.num_negatives
-    how = f"{n} {'BM25' if config.method == 'bm25' else config.method} negative{'s' * (n != 1)} per query"
-    with phase(f"train: {where}: mining {how} ({size_of(rows)}) ..."):
-        mined = mine(
-            sharded(model), rows, config
-        )  # torchrun: each encodes a share, all get the rows; 0 writes
-    if is_main():
-        workdir.mkdir(parents=True, exist_ok=True)
-        write_jsonl(mined, cached.with_suffix(".tmp"))
-        cached.with_suffix(".tmp").replace(cached)
-    barrier()
-    return read_table(cached)
-
-
-def validate_pipeline(pipeline: Pipeline, *, dim: int | None, kind: ModelKind | str = "dense") -> None:
     """Check every stage (:func:`check_stage`) up front, for a model of ``kind`` and dimension ``dim`` (``None``
-    for a cross-encoder)."""
+    for a cross-encoder); the first stage's sources are kept in ``kept`` when given (it trains next)."""
     for i, stage in enumerate(pipeline.stages, 1):
-        check_stage(stage, i, pipeline, dim=dim, kind=kind)
+        check_stage(stage, i, pipeline, dim=dim, kind=kind, kept=kept if i == 1 else None)
+
+
+def load_pipeline_model(pipeline: Pipeline) -> Trainable:
+    """The model the pipeline starts from, of its ``model_type`` (:func:`~embforge.training.builders.load_model`;
+    LoRA as the first stage asks, a cross-encoder's new head sized for the first stage's losses)."""
+    first = pipeline.stages[0]
+    return load_model(
+        pipeline.model,
+        pipeline.model_type,
+        config=first.config,
+        losses=[task.loss for task in first.tasks],
+        max_seq_length=pipeline.max_seq_length,
+        bidirectional=pipeline.bidirectional,
+    )
 
 
 def run_pipeline(
@@ -324,10 +140,11 @@ def run_pipeline(
     """Validate, then run the stages in order, skipping finished ones and resuming an unfinished one.
 
     Args:
-        pipeline: A parsed pipeline (:func:`load_pipeline`).
+        pipeline: A parsed pipeline (:func:`load_pipeline`), or a single run's (``pipeline.single``).
         output: Overrides the file's ``output`` folder.
         model: An already loaded model of any kind to train in place, e.g. a
-            :class:`~embforge.cross_encoder.CrossEncoder` (else the file's ``model`` is loaded as an encoder).
+            :class:`~embforge.cross_encoder.CrossEncoder` (else the pipeline's ``model`` is loaded as its
+            ``model_type``).
         device: Overrides every stage's device.
         quiet: Overrides every stage's progress-bar setting.
         on_step: Called with ``(stage number, step)`` after every optimiser step.
@@ -342,34 +159,39 @@ def run_pipeline(
 
     Returns:
         ``{"output", "final", "overridden": {field: value set in every stage}, "stages": [per-stage training
-        summaries]}``; the final model is saved in ``<output>/final``.
+        summaries]}``; the final model is saved in ``<output>/final`` (a single run's is ``output`` itself).
     """
-    from embforge.encoder import Encoder
-
     named = {"seed": seed, "device": device, "quiet": quiet, "allow_data_change": allow_data_change}
     named = {key: value for key, value in named.items() if value is not None}  # unset: the overrides' value
     pipeline, overridden = overridden_pipeline(pipeline, output, {**(overrides or {}), **named})
-    if model is None:
-        model = Encoder.load(pipeline.model, max_seq_length=pipeline.max_seq_length)
-    validate_pipeline(pipeline, dim=model_dim(model), kind=kind_record(model).kind)  # before any training
     out = Path(pipeline.output)
     try:  # a folder in use: --resume continues its stages, --overwrite empties it (training/artifacts.py)
         claim_output(out, resume=resume, overwrite=overwrite)
     except OutputInUse as err:
-        raise PipelineError(f"{pipeline.source}: {err}") from None
+        raise (err if pipeline.single else PipelineError(f"{pipeline.source}: {err}")) from None
+    model = load_pipeline_model(pipeline) if model is None else model
+    kept: dict[str, Any] = {}  # the first stage's data, read once
+    validate_pipeline(
+        pipeline, dim=model_dim(model), kind=kind_record(model).kind, kept=kept
+    )  # before writing
     init_from_env()  # torchrun: every process runs every stage (training/distributed.py), rank 0 writes
     barrier()  # every process has looked at the output before any creates a stage folder
-    out.mkdir(parents=True, exist_ok=True)
-    summaries = _run_stages(pipeline, model, on_step)
-    if is_main():
-        atomic_dir(out / "final", model.save)
-        link_identical(out / "final", stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights
+    summaries = _run_stages(pipeline, model, on_step, resume=resume, kept=kept)
+    final = out if pipeline.single else out / "final"
+    if is_main() and not pipeline.single:
+        atomic_dir(final, model.save)
+        link_identical(final, stage_dir(pipeline, len(pipeline.stages)))  # one copy of the weights
     barrier()
-    return {"output": str(out), "final": str(out / "final"), "overridden": overridden, "stages": summaries}
+    return {"output": str(out), "final": str(final), "overridden": overridden, "stages": summaries}
 
 
 def _run_stages(
-    pipeline: Pipeline, model: Any, on_step: Callable[[int, int], None] | None
+    pipeline: Pipeline,
+    model: Any,
+    on_step: Callable[[int, int], None] | None,
+    *,
+    resume: bool,
+    kept: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """Train ``model`` through the stages in order: a finished stage's summary is read back (its model loaded
     before the next stage trains), an unfinished one resumes from its checkpoints; the stages' summaries."""
@@ -378,20 +200,41 @@ def _run_stages(
     for i, stage in enumerate(pipeline.stages, 1):
         folder = stage_dir(pipeline, i)
         done = folder / "stage_done.json"
-        if done.exists():
+        if done.exists() and not pipeline.single:
             summaries.append(json.loads(done.read_text()))
             loaded_from = folder
             continue
         if loaded_from is not None:  # resuming: start from the last finished stage's model
             model.load_weights(loaded_from)
             loaded_from = None
-        tasks = build_stage_tasks(stage, i, pipeline, model=model, workdir=folder)
-        config = stage.config.changed(output=str(folder), resume=(folder / "checkpoints").is_dir())
+        folder.mkdir(parents=True, exist_ok=True)
+        resumed = resume and (pipeline.single or (folder / "checkpoints").is_dir())
+        tasks, refresher = build_stage_tasks(
+            stage, i, pipeline, model=model, workdir=folder, resume=resumed, kept=kept if i == 1 else None
+        )
+        evaluator = stage_evaluator(stage, i, pipeline, model)
+        _say_what_trains(pipeline, i, tasks)
+        config = stage.config.changed(output=str(folder), resume=resumed)
         step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))
-        summary = {"stage": i, "name": stage.name, **train(model, tasks, config, on_step=step_hook)}
+        trained = train(model, tasks, config, evaluator=evaluator, refresher=refresher, on_step=step_hook)
+        if pipeline.single:
+            return [trained]
+        summary = {"stage": i, "name": stage.name, **trained}
         if is_main():
             write_text_atomic(done, json.dumps(summary, indent=2, default=float) + "\n")
         summaries.append(summary)
     if loaded_from is not None:  # every stage was already done
         model.load_weights(loaded_from)
     return summaries
+
+
+def _say_what_trains(pipeline: Pipeline, index: int, tasks: list[Task]) -> None:
+    """What a stage trains, on stderr (model, tasks with rows and loss), so no default is applied silently."""
+    if pipeline.stages[index - 1].config.quiet:
+        return
+    described = ", ".join(
+        f"{t.name} ({row_count(t.data) or 'streamed'} rows, loss {t.loss.name})" for t in tasks
+    )
+    stage = "" if pipeline.single else f"{where(pipeline, index, pipeline.stages[index - 1])}: "
+    kind = f"{pipeline.model} ({pipeline.model_type}-encoder)"
+    print(f"train: {stage}{kind} on {described}", file=sys.stderr)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embforge.data.sources import MODES, SourceOptions
 from embforge.fields import about_field
+from embforge.files import DataError
 from embforge.modeling.resolve import DEFAULT_MODEL
 from embforge.training.config import FLAT_FIELDS, TrainConfig
 from embforge.training.spec import RunSpec, load_toml
@@ -22,15 +24,33 @@ class PipelineError(ValueError):
     """A problem in a pipeline file; the message names the file, stage, task and field."""
 
 
-_TASK_KEYS = {"name", "data", "loss", "weight", "options", "columns", "mine", "limit", "teacher", "lists"}
-_TOP_KEYS = {"model", "output", "max_seq_length", "defaults", "stages", "teacher_cache"}
+class PipelineDataError(PipelineError, DataError):
+    """A bad row in a task's data: a :class:`PipelineError` naming the task, and a
+    :class:`~embforge.files.DataError` naming the file, line and column."""
+
+
+# the model and how files are read: one value for the whole pipeline (RunSpec fields of the same names)
+_MODEL_KEYS = {"model", "model_type", "bidirectional", "max_seq_length"}
+_READING = {
+    "data_mode": "mode",
+    "data_cache": "cache_dir",
+    "data_split": "split",
+    "max_bad_rows": "max_bad_rows",
+}
+_READING_KEYS = set(_READING)
+_TOP_KEYS = {"output", "defaults", "stages", "teacher_cache"} | _MODEL_KEYS | _READING_KEYS
 _CONFIG_FIELDS = set(FLAT_FIELDS) - {"output", "resume", "max_steps"}
-_STAGE_KEYS = {"name", "tasks", "steps", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
+_STAGE_KEYS = {"name", "tasks", "steps", "eval", "matryoshka_dims", "matryoshka_weights"} | _CONFIG_FIELDS
 
 
 @dataclass
 class TaskSpec:
-    """One task of a stage, as written in the file."""
+    """One task of a stage, as written in the file.
+
+    ``data`` is a built-in ``name:split``, a file, a folder of data files (``data_mode`` mmap/stream), a
+    retrieval folder (BEIR or SciFact: its ``split`` qrels, default train) or a Hub data set id (mmap/stream).
+    ``mine`` asks for hard negatives (:func:`embforge.training.refresh.refresh_config`: how, and how often they
+    are refreshed)."""
 
     name: str
     data: str
@@ -38,10 +58,25 @@ class TaskSpec:
     weight: float = 1.0
     options: dict[str, Any] = field(default_factory=dict)
     columns: str | dict[str, str] | None = None
+    header: bool | None = None  # whether a CSV/TSV file has a header row (None: detected)
+    split: str | None = None  # a retrieval folder's qrels split
     mine: dict[str, Any] | None = None
     limit: int | None = None
     teacher: str | None = None
     lists: int | None = None  # group (query, candidate) rows into lists of this size for the teacher to score
+
+
+_TASK_KEYS = {f.name for f in dataclasses.fields(TaskSpec)}
+
+
+@dataclass
+class EvalSpec:
+    """What a stage is evaluated on during training (the best value keeps ``best/``): a built-in
+    ``name:split``, a file of scored pairs (``columns`` as for a task), or a retrieval folder's ``split``."""
+
+    data: str
+    split: str | None = None
+    columns: str | dict[str, str] | None = None
 
 
 @dataclass
@@ -54,19 +89,25 @@ class Stage:
     config: TrainConfig
     matryoshka_dims: list[int] | None = None
     matryoshka_weights: list[float] | None = None
+    eval: EvalSpec | None = None
 
 
 @dataclass
 class Pipeline:
-    """A parsed pipeline file."""
+    """A parsed pipeline file, or a single run (``single``: its one stage trains in ``output`` itself, with no
+    ``stage-1-*`` folder and no ``final`` copy; :func:`embforge.training.run.as_pipeline`)."""
 
     stages: list[Stage]
     model: str = DEFAULT_MODEL
     output: str = "output"
     max_seq_length: int | None = None
+    model_type: str = "dense"  # a kind of embforge.kinds (RunSpec.model_type)
+    bidirectional: bool = False
+    reading: SourceOptions = field(default_factory=SourceOptions)  # how the tasks' files are read
     source: str = "pipeline"
     base_dir: Path = field(default_factory=Path.cwd)
     teacher_cache: str | None = None  # None: <output>/teacher-cache
+    single: bool = False
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -123,16 +164,38 @@ def parse_pipeline(
             config = TrainConfig(**settings)
         except (TypeError, ValueError) as err:
             raise PipelineError(f"{where}: {err}") from None
-        stages.append(Stage(name, tasks, config, raw.get("matryoshka_dims"), raw.get("matryoshka_weights")))
+        matryoshka = raw.get("matryoshka_dims"), raw.get("matryoshka_weights")
+        stages.append(Stage(name, tasks, config, *matryoshka, eval=_eval_spec(raw.get("eval"), where)))
+    model = {key: values[key] for key in _MODEL_KEYS if key in values}
     return Pipeline(
         stages,
-        model=values.get("model", DEFAULT_MODEL),
+        **model,
         output=values.get("output", "output"),
-        max_seq_length=values.get("max_seq_length"),
+        reading=_reading(values, source),
         source=source,
         base_dir=base_dir or Path.cwd(),
         teacher_cache=values.get("teacher_cache"),
     )
+
+
+def _eval_spec(value: Any, where: str) -> EvalSpec | None:
+    """A stage's ``eval``: ``"name:split"`` or a file, or ``{ data = ..., split = ..., columns = ... }``."""
+    if value is None or isinstance(value, str):
+        return None if value is None else EvalSpec(value)
+    if isinstance(value, dict) and isinstance(value.get("data"), str):
+        _unknown(set(value), {f.name for f in dataclasses.fields(EvalSpec)}, f"{where}: field 'eval'")
+        return EvalSpec(**value)
+    raise PipelineError(f"{where}: field 'eval' is a data set or file, or a table with 'data' (a string)")
+
+
+def _reading(values: Mapping[str, Any], source: str, base: SourceOptions | None = None) -> SourceOptions:
+    """How the pipeline's files are read: ``base`` with the ``data_mode`` ... keys of ``values`` set
+    (:class:`~embforge.data.sources.SourceOptions`)."""
+    given = {_READING[key]: value for key, value in values.items() if key in _READING}
+    options = dataclasses.replace(base or SourceOptions(), **given)
+    if options.mode not in MODES:
+        raise PipelineError(f"{source}: field 'data_mode': one of {', '.join(MODES)}, got {options.mode!r}")
+    return options
 
 
 def load_pipeline(path: str | Path) -> Pipeline:
@@ -146,7 +209,7 @@ def is_pipeline(values: dict[str, Any]) -> bool:
     return "stages" in values
 
 
-_TOP_OVERRIDES = {"model", "max_seq_length"}
+_TOP_OVERRIDES = _MODEL_KEYS | _READING_KEYS
 _STAGE_OVERRIDES = {"matryoshka_dims", "matryoshka_weights"}
 
 
@@ -188,8 +251,9 @@ def with_overrides(pipeline: Pipeline, values: Mapping[str, Any]) -> tuple[Pipel
         ]
     except (TypeError, ValueError) as err:
         raise PipelineError(f"{pipeline.source}: {err}") from None
-    top = {k: v for k, v in given.items() if k in _TOP_OVERRIDES}
-    return dataclasses.replace(pipeline, stages=stages, **top), given
+    top = {k: v for k, v in given.items() if k in _MODEL_KEYS}
+    reading = _reading(given, pipeline.source, pipeline.reading)
+    return dataclasses.replace(pipeline, stages=stages, reading=reading, **top), given
 
 
 def overridden_pipeline(
@@ -208,5 +272,7 @@ def overridden_pipeline(
 
 
 def stage_dir(pipeline: Pipeline, index: int) -> Path:
-    """The folder of stage ``index`` (from 1): ``OUTPUT/stage-1-NAME``."""
+    """The folder of stage ``index`` (from 1): ``OUTPUT/stage-1-NAME``; a single run's: ``OUTPUT``."""
+    if pipeline.single:
+        return Path(pipeline.output)
     return Path(pipeline.output) / f"stage-{index}-{pipeline.stages[index - 1].name}"

@@ -1,6 +1,11 @@
-"""ANCE-style negative refresh during training: re-encode the corpus with the current weights, re-mine, swap tasks.
+"""Hard negatives in training, one mechanism: mined when a task starts and, ANCE-style, refreshed as it trains.
 
-:class:`NegativeRefresher` is given to :func:`embforge.training.loop.train` as ``refresher``; the trainer calls it after
+A task's ``mine = {...}`` (a pipeline file) or ``--retrieval-train`` with ``--num-negatives`` (a single run) is a
+:class:`RefreshConfig` (:func:`refresh_config`); :class:`NegativeRefresher` mines the task's first negatives
+(:meth:`NegativeRefresher.start`) and, with ``every > 0``, refreshes them: re-encode the corpus with the current
+weights, re-mine, swap tasks.
+
+Its :class:`RefreshHook` is given to :func:`embforge.training.loop.train` as ``refresher``; the trainer calls it after
 every optimiser step with ``(step, model)`` and, when it returns a list of tasks, re-prepares them and continues
 with fresh batches. Every ``every`` steps the refresher snapshots the weights (a CPU copy of the model) and mines
 with that copy (on the model's device) **in a background thread**, so training keeps going while the corpus is
@@ -9,7 +14,8 @@ refresh is due (training waits for it then, logged as stall). ``background=False
 stalls). Each refresh is logged to ``<output>/refresh.jsonl`` with the seconds training stalled for it (the
 snapshot copy, or the whole mining when not in the background) and the seconds the mining took.
 
-Each applied refresh is also written (atomically) to ``<output>/refresh/negatives-<step>.jsonl``; the trainer records
+The negatives mined at the start and each applied refresh are written (atomically) to
+``<output>/refresh/<task>/negatives-<step>.jsonl``; the trainer records
 that step in the checkpoint's progress (``refreshed_at``), so a resumed run (:meth:`NegativeRefresher.resume`)
 continues with the negatives that were in use at its checkpoint — never with a refresh that landed after it. A
 background refresh still running when the run was killed is lost; the next one starts at the next multiple of
@@ -25,7 +31,8 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,9 +41,12 @@ import numpy as np
 from embforge.data.retrieval import RetrievalData
 from embforge.data.tables import Dataset
 from embforge.files import append_jsonl, read_jsonl, write_jsonl
+from embforge.retrieval.mined_rows import mining_queries
 from embforge.retrieval.mining import MiningConfig, mine_positions
 from embforge.retrieval.search import embed
+from embforge.retrieval.sharded import sharded
 from embforge.training.checkpoints import find_latest, read_progress
+from embforge.training.distributed import barrier, is_main
 from embforge.training.tasks import Task
 
 if TYPE_CHECKING:
@@ -61,6 +71,32 @@ class RefreshConfig:
             raise ValueError(f"refresh every must be >= 0 steps, got {self.every}")
 
 
+# the keys of a task's ``mine = {...}`` that schedule it; every other key is a MiningConfig field
+SCHEDULE_KEYS = ("refresh_every", "hard_ratio_start", "hard_ratio_end")
+
+
+def refresh_config(mine: Mapping[str, Any]) -> RefreshConfig:
+    """A task's ``mine = {...}`` (:class:`MiningConfig` fields, plus ``refresh_every`` to re-mine every N steps
+    and the hard-negative ratio's ``hard_ratio_start``/``hard_ratio_end``, default 1: every row gets its mined
+    negatives when it has enough) as the one mining description of training.
+
+    Raises:
+        ValueError: an unknown key or a value out of range, naming it.
+    """
+    settings = dict(mine)
+    start = settings.pop("hard_ratio_start", 1.0)
+    schedule = {
+        "every": settings.pop("refresh_every", 0),
+        "hard_ratio_start": start,
+        "hard_ratio_end": settings.pop("hard_ratio_end", start),
+    }
+    try:
+        return RefreshConfig(**schedule, mining=MiningConfig(**settings))
+    except TypeError as err:  # an unknown key
+        known = sorted([*SCHEDULE_KEYS, *(f.name for f in fields(MiningConfig) if f.name != "stats")])
+        raise ValueError(f"{err}; valid keys: {', '.join(known)}") from None
+
+
 def hard_ratio_at(config: RefreshConfig, step: int, total_steps: int) -> float:
     """The linear schedule's hard-negative ratio at ``step``."""
     progress = min(1.0, step / max(1, total_steps))
@@ -68,15 +104,16 @@ def hard_ratio_at(config: RefreshConfig, step: int, total_steps: int) -> float:
 
 
 class NegativeRefresher:
-    """Builds ``anchor, positive, negative_1..n`` tasks from retrieval data with the current model's negatives.
+    """Builds ``anchor, positive, negative_1..n`` tasks from retrieval data (a :class:`RetrievalData`, or
+    ``anchor, positive`` rows whose positives make the corpus) with the current model's negatives.
 
-    ``log_dir`` is the training run's output folder: ``refresh.jsonl`` and the refreshed negatives go there, and
-    :meth:`resume` reads its ``checkpoints``.
+    ``log_dir`` is the training run's output folder: ``refresh.jsonl`` and the negatives in use go there
+    (``refresh/<name>/negatives-<step>.jsonl``), and :meth:`resume` reads its ``checkpoints``.
     """
 
     def __init__(
         self,
-        data: RetrievalData,
+        data: RetrievalData | Dataset,
         loss: BaseLoss,
         config: RefreshConfig,
         *,
@@ -90,19 +127,10 @@ class NegativeRefresher:
         self.name = name
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.log_file = self.log_dir / "refresh.jsonl" if self.log_dir is not None else None
-        position = {d: i for i, d in enumerate(data.doc_ids)}
-        self.documents = data.documents
-        self.queries: list[str] = []
-        self.positives: list[list[int]] = []
-        for qid, text in zip(data.query_ids, data.query_texts):
-            pos = [position[d] for d, g in data.qrels.get(qid, {}).items() if g > 0]
-            if pos:
-                self.queries.append(text)
-                self.positives.append(pos)
+        self.documents, _, self.queries, self.positives = mining_queries(data, None)
         if not self.queries:
-            raise ValueError(
-                f"negative refresh: no query of {data.name or 'the data'} has a relevant document"
-            )
+            where = data.name if isinstance(data, RetrievalData) else data.path
+            raise ValueError(f"negative refresh: no query of {where or 'the data'} has a relevant document")
         self.history: list[dict[str, Any]] = []
         self._thread: threading.Thread | None = None
         self._result: list[Task] | None = None
@@ -221,13 +249,31 @@ class NegativeRefresher:
         """Where the negatives applied after optimiser step ``step`` are kept (needs ``log_dir``)."""
         if self.log_dir is None:
             raise ValueError("negative refresh: no log_dir (the run's output folder) to keep negatives in")
-        return self.log_dir / "refresh" / f"negatives-{step}.jsonl"
+        return self.log_dir / "refresh" / self.name / f"negatives-{step}.jsonl"
 
     def _save(self, data: Dataset, step: int) -> Path:
         """Write the refreshed rows atomically, before the trainer saves a checkpoint that refers to them."""
         path = self.negatives_file(step)
         names = data.text_columns
         return write_jsonl(path, ({c: data.columns[c][r] for c in names} for r in range(len(data))))
+
+    def start(self, model: Any, *, resume: bool = False) -> list[Task]:
+        """The task a run starts with: on ``resume`` the negatives in use at its latest checkpoint
+        (:meth:`resume`); else the ones mined at step 0 and kept in ``log_dir`` (a stage restarted before its
+        first checkpoint trains on the same rows); else mined now with ``model`` (under torchrun each process
+        encodes a share, rank 0 keeps the rows)."""
+        restored = self.resume() if resume and self.log_dir is not None else None
+        if restored is not None:
+            return restored
+        if self.log_dir is None:
+            return self.build_tasks(sharded(model), 0)
+        first = self.negatives_file(0)
+        if not first.exists():
+            tasks = self.build_tasks(sharded(model), 0)
+            if is_main():
+                self._save(cast(Dataset, tasks[0].data), 0)
+            barrier()
+        return [Task(self.name, self._read(first, 0), self.loss)]  # every process trains on the file's rows
 
     def resume(self) -> list[Task] | None:
         """The refreshed tasks in use at the run's latest checkpoint, or ``None`` if none was refreshed by then.
@@ -243,11 +289,19 @@ class NegativeRefresher:
         if checkpoint is None or step is None:
             return None
         path = self.negatives_file(int(step))
+        if not path.exists() and (self.log_dir / "refresh" / path.name).exists():
+            path = self.log_dir / "refresh" / path.name  # a run from before the per-task folders
         if not path.exists():
             raise FileNotFoundError(
                 f"{checkpoint}: trains on the negatives refreshed at step {step}, but {path} is missing; "
                 "restore it or start the run again without --resume"
             )
+        data = self._read(path, int(step))
+        self._log({"event": "resume", "checkpoint": checkpoint.name, "refreshed_at": step, "file": str(path)})
+        return [Task(self.name, data, self.loss)]
+
+    def _read(self, path: Path, step: int) -> Dataset:
+        """Negatives kept in ``path``, checked to be rows of this data's queries."""
         rows = [row for _, row in read_jsonl(path)]
         anchors = [self.queries[qi] for qi, pos in enumerate(self.positives) for _ in pos]
         if [r.get("anchor") for r in rows] != anchors:
@@ -256,9 +310,7 @@ class NegativeRefresher:
                 "start the run again without --resume"
             )
         columns = {c: [r[c] for r in rows] for c in rows[0]}
-        data = Dataset(f"{self.name}@{step}", columns, list(range(1, len(rows) + 1)))
-        self._log({"event": "resume", "checkpoint": checkpoint.name, "refreshed_at": step, "file": str(path)})
-        return [Task(self.name, data, self.loss)]
+        return Dataset(f"{self.name}@{step}", columns, list(range(1, len(rows) + 1)))
 
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
@@ -267,49 +319,21 @@ class NegativeRefresher:
             append_jsonl(self.log_file, record)
 
 
-def retrieval_training(
-    model: Any,
-    *,
-    data: RetrievalData,
-    loss: BaseLoss,
-    refresh: RefreshConfig | None,
-    total_steps: int,
-    output: str | Path,
-    other_tasks: list[Task],
-    resume: bool = False,
-) -> tuple[list[Task], Any]:
-    """The tasks and trainer hook for training on retrieval data (``embforge train --retrieval-train DIR``).
+class RefreshHook:
+    """The trainer's ``refresher`` (:func:`~embforge.training.loop.train`): the run's tasks, with the refreshed
+    one in the place of the task its refresher mines for."""
 
-    ``refresh=None`` trains on ``anchor, positive`` pairs only (in-batch negatives); otherwise the first negatives
-    are mined with the initial model (``refresh.mining``) at ``refresh.hard_ratio_start`` and, with
-    ``refresh.every > 0``, re-mined ANCE-style during training (in a background thread unless ``refresh.background``
-    is false). With ``resume``, the negatives in use at the latest checkpoint in ``output`` are restored instead.
-    Returns ``(all tasks, refresher hook or None)``.
-    """
-    if refresh is None:
-        from embforge.data.retrieval import training_pairs
-
-        return [*other_tasks, Task(data.name or "retrieval", training_pairs(data), loss)], None
-    refresher = NegativeRefresher(
-        data, loss, refresh, total_steps=total_steps, log_dir=output, name="retrieval"
-    )
-    mined = (refresher.resume() if resume else None) or refresher.build_tasks(model, 0)
-    if not refresh.every:
-        return [*other_tasks, *mined], None
-
-    return [*other_tasks, *mined], _RefreshHook(refresher, other_tasks)
-
-
-class _RefreshHook:
-    """The trainer's ``refresher``: refreshed retrieval tasks next to the run's other tasks."""
-
-    def __init__(self, refresher: NegativeRefresher, other_tasks: list[Task]) -> None:
+    def __init__(self, refresher: NegativeRefresher, tasks: list[Task]) -> None:
         self.refresher = refresher
-        self.other_tasks = other_tasks
+        self.tasks = tasks
+        self.index = next(i for i, t in enumerate(tasks) if t.name == refresher.name)
 
     def __call__(self, step: int, model: Any) -> list[Task] | None:
         fresh = self.refresher(step, model)
-        return None if fresh is None else [*self.other_tasks, *fresh]
+        if fresh is None:
+            return None
+        self.tasks = [*self.tasks[: self.index], *fresh, *self.tasks[self.index + 1 :]]
+        return self.tasks
 
     def close(self) -> None:
         self.refresher.close()

@@ -23,11 +23,8 @@ else:  # pragma: no cover
 
 # why a field of one run cannot be given with a pipeline file (About.pipeline): the file says it per task
 _TASK = "each [[stages.tasks]] of the file names its own data, loss, options and columns"
-_KIND = "a pipeline file trains the bi-encoder its model names (Python: run_pipeline(model=...))"
-_EVAL = "a pipeline's stages are not evaluated during training"
-_MEMORY = "a pipeline's tasks are read in memory"
-_BIDI = "a pipeline file trains its model as saved: make it bidirectional first (modeling.decoder.set_bidirectional)"
-_MINE = "a pipeline's task mines its negatives with mine = {...}; a retrieval run is a single run"
+_EVAL = "each [[stages]] of the file names what it is evaluated on: eval = ..."
+_MINE = "a retrieval task of the file names its folder and split, and mines with mine = {...}"
 
 
 @dataclass
@@ -116,23 +113,18 @@ class RunSpec:
         "memory (default), mmap (an Arrow cache written once, memory-mapped) or stream (read as training goes); "
         "--train may then be a folder of data files or a Hugging Face data set id",
         metavar="MODE",
-        pipeline=_MEMORY,
     )
     max_bad_rows: int = setting(
         0,
         "mmap/stream: skip up to N bad rows (default 0: stop at the first)",
         range=NON_NEGATIVE_INT,
-        pipeline=_MEMORY,
     )
     data_cache: str | None = setting(
         None,
         "mmap: folder for the Arrow cache (default: the datasets cache)",
         metavar="DIR",
-        pipeline=_MEMORY,
     )
-    data_split: str = setting(
-        "train", "split of a Hugging Face data set id (default train)", metavar="SPLIT", pipeline=_MEMORY
-    )
+    data_split: str = setting("train", "split of a Hugging Face data set id (default train)", metavar="SPLIT")
     # a kind of embforge.kinds.ModelKind: "dense" (Encoder; "bi" also accepted), "cross" (CrossEncoder; losses
     # bce, ce, cosent, mse, listwise), "multivector", "sparse" or "static"
     model_type: str = setting(
@@ -141,7 +133,6 @@ class RunSpec:
         "token), sparse (SPLADE: an MLM head) or static (token-embedding table, e.g. from distill-static)",
         group="model",
         metavar="KIND",
-        pipeline=_KIND,
     )
     # decoder (LLM) backbones: bidirectional instead of causal attention (LLM2Vec), saved in the model's config
     bidirectional: bool = setting(
@@ -150,7 +141,6 @@ class RunSpec:
         "last-token pooling; saved with the model (default off: as the model folder says)",
         group="model",
         switch=True,
-        pipeline=_BIDI,
     )
     # retrieval training (BEIR or SciFact folder): mined negatives, optionally refreshed ANCE-style
     retrieval_train: str | None = setting(

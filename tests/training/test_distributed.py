@@ -271,7 +271,7 @@ def test_torchrun_pipeline_with_mining(runs, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert len([line for line in done.stdout.splitlines() if line.startswith("{")]) == 1
     assert main(["train", str(tmp_path / "pipe.toml"), "--output", str(tmp_path / "one"), "--quiet"]) == 0
-    mined = "stage-1-mined/mined-pairs.jsonl"
+    mined = "stage-1-mined/refresh/pairs/negatives-0.jsonl"
     assert (tmp_path / "two" / mined).read_text() == (tmp_path / "one" / mined).read_text()
     two, one = Encoder.load(tmp_path / "two" / "final"), Encoder.load(tmp_path / "one" / "final")
     assert max_diff(two, one) <= 1e-5

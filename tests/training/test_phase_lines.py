@@ -40,16 +40,16 @@ def test_a_phase_says_what_it_does_only_when_it_takes_long(monkeypatch, capsys):
 
 
 def test_a_quiet_run_with_a_mining_task_prints_the_mining_line(tmp_path, tiny_model_dir, monkeypatch, capfd):
-    import embforge.retrieval.mining as mining
+    from embforge.training.refresh import NegativeRefresher
 
     monkeypatch.setattr(progress, "PHASE_DELAY", 0.2, raising=False)
-    real = mining.mine
+    real = NegativeRefresher.build_tasks
 
     def slow_mine(*args, **kwargs):  # BM25 over six pairs is instant; a real corpus takes minutes
         time.sleep(0.8)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mining, "mine", slow_mine)
+    monkeypatch.setattr(NegativeRefresher, "build_tasks", slow_mine)
     monkeypatch.chdir(tmp_path)
     assert main(["train", str(_mining_pipeline(tmp_path, tiny_model_dir)), "--quiet"]) == 0
     err = capfd.readouterr().err.splitlines()
@@ -61,16 +61,16 @@ def test_a_quiet_run_with_a_mining_task_prints_the_mining_line(tmp_path, tiny_mo
 
 
 def test_reading_a_task_s_data_says_so_when_it_takes_long(tmp_path, tiny_model_dir, monkeypatch, capfd):
-    import embforge.training.pipeline as pipeline
+    import embforge.training.stage_tasks as stage_tasks
 
     monkeypatch.setattr(progress, "PHASE_DELAY", 0.2, raising=False)
-    real = pipeline.read_table
+    real = stage_tasks.open_source
 
     def slow_read(*args, **kwargs):  # a large file, or a built-in set converted on first use
         time.sleep(0.5)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "read_table", slow_read)
+    monkeypatch.setattr(stage_tasks, "open_source", slow_read)
     monkeypatch.chdir(tmp_path)
     assert main(["train", str(_mining_pipeline(tmp_path, tiny_model_dir)), "--quiet"]) == 0
     where = f"train: {tmp_path / 'mine.toml'}: stage 1 ('one'), task 'passages'"

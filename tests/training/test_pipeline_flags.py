@@ -57,7 +57,8 @@ def test_training_flags_override_every_stage_and_are_reported(tmp_path, tiny_mod
     ("flags", "named"),
     [
         (["--loss", "bce"], "--loss"),
-        (["--model-type", "cross"], "--model-type"),
+        (["--retrieval-train", "beir"], "--retrieval-train"),
+        (["--eval", "pairs.jsonl"], "--eval"),
         (["--train", "pairs.jsonl"], "--train"),
         (["--columns", "0=anchor,1=positive"], "--columns"),
         (["--lr", "0.5", "--loss", "bce", "--batch-size", "3"], "--loss"),
@@ -80,8 +81,14 @@ def test_every_flag_overrides_a_field_of_every_stage_or_is_refused():
 
     settable = set(FLAT_FIELDS) | {
         "model",
+        "model_type",
+        "bidirectional",
         "max_seq_length",
         "matryoshka_dims",
+        "data_mode",
+        "max_bad_rows",
+        "data_cache",
+        "data_split",
     }
     for item, _ in _fields():
         reason = refusal(item.name)
@@ -113,8 +120,6 @@ def test_overrides_of_a_parsed_pipeline(tmp_path, tiny_model_dir):
     [
         ("lora_r = 8", "lora_r"),
         ("lora_dropout = 0.1", "lora_dropout"),
-        ("eval_every = 5", "eval_every"),
-        ("metric = 'spearman'", "metric"),
     ],
 )
 def test_a_stage_field_the_pipeline_cannot_honour_is_refused_not_ignored(
@@ -126,3 +131,41 @@ def test_a_stage_field_the_pipeline_cannot_honour_is_refused_not_ignored(
     path.write_text(path.read_text().replace("lr = 1e-3\n", f"lr = 1e-3\n{line}\n", 1))
     with pytest.raises(PipelineError, match=rf"stage 1 \('one'\): field '{field}': a pipeline"):
         load_pipeline(path)
+
+
+def test_the_model_kind_and_the_reading_of_files_are_set_on_the_pipeline(tmp_path, tiny_model_dir):
+    """What was refused before the single run became a one-stage pipeline: the model's kind, a decoder made
+    bidirectional and how files are read are pipeline fields, set from the file or by the flag."""
+    from embforge.training.pipeline_file import load_pipeline, with_overrides
+
+    pipeline = load_pipeline(two_stages(tmp_path, tiny_model_dir))
+    changed, given = with_overrides(
+        pipeline, {"model_type": "cross", "data_mode": "stream", "max_bad_rows": 2}
+    )
+    assert (changed.model_type, changed.reading.mode, changed.reading.max_bad_rows) == ("cross", "stream", 2)
+    assert given == {"model_type": "cross", "data_mode": "stream", "max_bad_rows": 2}
+    path = two_stages(tmp_path, tiny_model_dir)
+    path.write_text('model_type = "multivector"\ndata_mode = "mmap"\n' + path.read_text())
+    parsed = load_pipeline(path)
+    assert (parsed.model_type, parsed.reading.mode) == ("multivector", "mmap")
+
+
+def test_a_stage_is_evaluated_during_training_and_keeps_its_best(tmp_path, tiny_model_dir, sts_csv, capsys):
+    """A stage's ``eval`` (what --eval is for a single run) with ``eval_every`` and ``metric``: evaluated as it
+    trains, the best kept, the metric named (these two fields were refused before)."""
+    path = two_stages(tmp_path, tiny_model_dir)
+    text = path.read_text().replace(
+        "steps = 3\n",
+        f'steps = 3\neval_every = 1\nmetric = "spearman"\neval = {{ data = "{sts_csv}", '
+        'columns = "0=sentence1,1=sentence2,2=score" }\n',
+        1,
+    )
+    path.write_text(text)
+    out = tmp_path / "out"
+    assert main(["train", str(path), "--output", str(out), "--quiet"]) == 0
+    first, second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]
+    assert set(first["final"]) >= {"spearman", "pearson"} and first["best"] is not None
+    assert second["final"] == {} and second["best"] is None  # the second stage names no evaluation
+    metrics = [json.loads(line) for line in (out / "stage-1-one" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "eval" in m] == [1, 2, 3]
+    assert (out / "stage-1-one" / "best").is_dir()

@@ -15,7 +15,7 @@ from embforge.retrieval.mining import MiningConfig
 from embforge.training.checkpoints import read_progress
 from embforge.training.config import TrainConfig
 from embforge.training.loop import train
-from embforge.training.refresh import NegativeRefresher, RefreshConfig, hard_ratio_at, retrieval_training
+from embforge.training.refresh import NegativeRefresher, RefreshConfig, RefreshHook, hard_ratio_at
 
 WORDS = ["cat", "dog", "man", "woman", "guitar", "piano", "park", "road", "river", "sky", "sun", "rain"]
 
@@ -119,22 +119,18 @@ def test_resume_continues_with_the_negatives_of_the_last_checkpoint(tiny_model_d
 
     def run(out, crash_at=None, resume=False):
         model = Encoder.load(tiny_model_dir)
-        tasks, hook = retrieval_training(
-            model,
-            data=data,
-            loss=get_loss("infonce"),
-            refresh=RefreshConfig(
-                every=2,
-                hard_ratio_start=0.3,
-                hard_ratio_end=0.9,
-                background=False,  # refreshes land at steps 2, 4, 6 exactly
-                mining=MiningConfig(method="dense", num_negatives=1, relative_margin=0.05),
-            ),
-            total_steps=8,
-            output=out,
-            other_tasks=[],
-            resume=resume,
+        refresh = RefreshConfig(
+            every=2,
+            hard_ratio_start=0.3,
+            hard_ratio_end=0.9,
+            background=False,  # refreshes land at steps 2, 4, 6 exactly
+            mining=MiningConfig(method="dense", num_negatives=1, relative_margin=0.05),
         )
+        refresher = NegativeRefresher(
+            data, get_loss("infonce"), refresh, total_steps=8, log_dir=out, name="r"
+        )
+        tasks = refresher.start(model, resume=resume)
+        hook = RefreshHook(refresher, tasks)
         config = TrainConfig(
             output=str(out), max_steps=8, batch_size=4, save_every=4, resume=resume, quiet=True
         )
@@ -152,8 +148,8 @@ def test_resume_continues_with_the_negatives_of_the_last_checkpoint(tiny_model_d
         run(crash, crash_at=7)  # last checkpoint at step 4; the refresh of step 6 landed after it
     assert read_progress(crash / "checkpoints" / "checkpoint-4")["refreshed_at"] == 4
     at_4, at_6 = (
-        _rows(crash / "refresh" / "negatives-4.jsonl"),
-        _rows(crash / "refresh" / "negatives-6.jsonl"),
+        _rows(crash / "refresh" / "r" / "negatives-4.jsonl"),
+        _rows(crash / "refresh" / "r" / "negatives-6.jsonl"),
     )
     assert at_4["negative_1"] != initial["negative_1"] and at_4["negative_1"] != at_6["negative_1"]
     assert at_4["anchor"] == initial["anchor"] and at_4["positive"] == initial["positive"]
