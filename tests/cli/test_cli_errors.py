@@ -62,6 +62,9 @@ CASES = [
     Case("serve --keep-alive nan", f"{SERVE} --keep-alive nan", "--keep-alive"),
     Case("serve --threads -4", f"{SERVE} --threads -4", "--threads"),
     Case("serve --streams -3", f"{SERVE} --streams -3", "--streams"),
+    # an index option without an index folder was dropped silently (the in-memory stores take none)
+    Case("serve --index-option without --index", f"{SERVE} --index-option m=32", "--index-option"),
+    Case("serve --qdrant-url without --index", f"{SERVE} --qdrant-url http://localhost:6333", "--qdrant-url"),
     Case("serve --threads 100000", f"{SERVE} --backend onnx --threads 100000", "--threads", subprocess=True),
     Case("train --max-steps -5", f"{TRAIN} --max-steps -5", "--max-steps"),
     Case("train --max-steps 0", f"{TRAIN} --max-steps 0", "--max-steps"),
