@@ -112,14 +112,20 @@ def _task_data(
     return source, data
 
 
-def _stage_loss(spec: TaskSpec, stage: Stage, data: Any, at: str, build: Callable[..., BaseLoss]) -> BaseLoss:
+def _stage_loss(
+    spec: TaskSpec, stage: Stage, data: Any, at: str, build: Callable[..., BaseLoss], base_dir: Path
+) -> BaseLoss:
     """The task's loss from ``build`` (:func:`new_loss` for a model kind and dimension, or :func:`make_loss` for a
-    model) with the stage's Matryoshka settings; an error names the stage, task and field."""
+    model) with the stage's Matryoshka settings; a ``guide`` model folder is relative to the pipeline file, as a
+    teacher is. An error names the stage, task and field."""
+    options = dict(spec.options)
+    if isinstance(options.get("guide"), str):
+        options["guide"] = targets.resolve_teacher(options["guide"], base_dir)
     try:
         return build(
             spec.loss,
             data=data,
-            options=spec.options,
+            options=options,
             matryoshka_dims=stage.matryoshka_dims,
             matryoshka_weights=stage.matryoshka_weights,
         )
@@ -187,7 +193,8 @@ def check_stage(
         _, data = _task_data(spec, pipeline, at, kept)
         if spec.teacher is not None and isinstance(data, Dataset):  # the teacher's outputs will be the labels
             data = targets.placeholder_targets(data)
-        loss = _stage_loss(spec, stage, data, at, functools.partial(new_loss, kind=kind, dim=dim))
+        build = functools.partial(new_loss, kind=kind, dim=dim)
+        loss = _stage_loss(spec, stage, data, at, build, pipeline.base_dir)
         if spec.mine is not None and isinstance(data, Dataset):  # the rows mining reads
             refreshing += bool(_mining(spec, kind, at).every)
             data.require(["anchor", "positive"], purpose=f"mining for {at}")
@@ -227,7 +234,9 @@ def build_stage_tasks(
     for spec in stage.tasks:
         at = f"{at_stage}, task {spec.name!r}"
         source, data = rows[spec.name]
-        loss = _stage_loss(spec, stage, data, at, functools.partial(make_loss, model=model))
+        loss = _stage_loss(
+            spec, stage, data, at, functools.partial(make_loss, model=model), pipeline.base_dir
+        )
         if spec.mine is None:
             tasks.append(_task(spec, data, loss, at))
             continue

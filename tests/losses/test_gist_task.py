@@ -88,3 +88,25 @@ def test_the_training_loop_runs_a_gist_task(tiny_encoder, guide_dir, tmp_path):
     assert summary["steps"] == 2
     changed = [k for k, v in tiny_encoder.state_dict().items() if not torch.equal(v, before[k])]
     assert len(changed) > 10  # the student trained
+
+
+def test_a_pipeline_file_s_guide_path_is_relative_to_the_file(tiny_model_dir, guide_dir, tmp_path, monkeypatch):
+    """``options = { guide = "guide" }`` names the folder beside the pipeline file, as ``teacher = ...`` does, not
+    one in the working directory (where none is: the run failed to load it before)."""
+    import json
+
+    from embforge.cli import main
+    from tests.conftest import pipeline_head
+
+    rows = pairs(16)
+    data = "".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(*rows.columns.values()))
+    (tmp_path / "pairs.jsonl").write_text(data)
+    (tmp_path / "run.toml").write_text(
+        pipeline_head(tiny_model_dir, save_every=0)
+        + '[[stages]]\nname = "gist"\nsteps = 2\n  [[stages.tasks]]\n  name = "pairs"\n  data = "pairs.jsonl"\n'
+        + '  loss = "gist"\n  options = { guide = "guide" }\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", str(tmp_path / "run.toml"), "--output", str(tmp_path / "out"), "--quiet"]) == 0
