@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from embforge._optional import require
 from embforge.data.retrieval import RetrievalData
 from embforge.evaluate.ranking import evaluate_queries, run_from_topk
 from embforge.evaluate.ranks import across_ranks
@@ -104,7 +105,9 @@ def evaluate_retrieval(
 
 
 def retrieval_evaluator(data: RetrievalData, **options: Any) -> Callable[[Any], dict[str, float]]:
-    """An evaluator for the trainer (``model -> metrics``); use ``metric="ndcg@10"`` in the train config."""
+    """An evaluator for the trainer (``model -> metrics``); use ``metric="ndcg@10"`` in the train config. The
+    metrics' library (``pytrec_eval``) is asked for now, so a run lacking it stops before it trains."""
+    require("pytrec_eval")
 
     def run(model: Any) -> dict[str, float]:
         return evaluate_retrieval(model, data, **options)

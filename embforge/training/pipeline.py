@@ -209,10 +209,10 @@ def _run_stages(
             loaded_from = None
         folder.mkdir(parents=True, exist_ok=True)
         resumed = resume and (pipeline.single or (folder / "checkpoints").is_dir())
+        evaluator = stage_evaluator(stage, i, pipeline, model)  # before mining: its needs are checked first
         tasks, refresher = build_stage_tasks(
             stage, i, pipeline, model=model, workdir=folder, resume=resumed, kept=kept if i == 1 else None
         )
-        evaluator = stage_evaluator(stage, i, pipeline, model)
         _say_what_trains(pipeline, i, tasks)
         config = stage.config.changed(output=str(folder), resume=resumed)
         step_hook = None if on_step is None else (lambda step, _i=i: on_step(_i, step))

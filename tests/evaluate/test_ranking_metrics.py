@@ -174,3 +174,17 @@ def test_without_pytrec_eval_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "pytrec_eval", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'embforge\[eval\]'"):
         evaluate_run({"q": {"a": 1.0}}, {"q": {"a": 1}})
+
+
+def test_a_retrieval_evaluator_asks_for_pytrec_eval_when_it_is_built(monkeypatch):
+    """A training run evaluated on retrieval learns that pytrec_eval is missing before it trains, not at its first
+    evaluation (minutes or hours in)."""
+    import sys
+
+    from embforge.data.retrieval import RetrievalData
+    from embforge.evaluate.retrieval import retrieval_evaluator
+
+    data = RetrievalData(["d0"], ["a document"], ["q0"], ["a query"], {"q0": {"d0": 1}})
+    monkeypatch.setitem(sys.modules, "pytrec_eval", None)  # an import of it now fails
+    with pytest.raises(ImportError, match=r"pip install 'embforge\[eval\]'"):
+        retrieval_evaluator(data)
