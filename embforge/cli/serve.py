@@ -183,9 +183,8 @@ def run_serve(args: argparse.Namespace) -> Mapping[str, object]:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
     )
-    for flag, given in (("--index-option", args.index_option), ("--qdrant-url", args.qdrant_url)):
-        if given and not args.index:  # the in-memory indexes take no options: it would be dropped
-            raise ValueError(f"{flag} sets up an index folder: give the folder with --index DIR")
+    if args.qdrant_url and not args.index:  # a Qdrant collection backs an index folder
+        raise ValueError("--qdrant-url sets up an index folder: give the folder with --index DIR")
     options = parse_options(args.index_option)
     if args.qdrant_url:
         options["url"] = args.qdrant_url

@@ -14,16 +14,26 @@ as a query, the second as a document).
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 
 import numpy as np
 
 from embforge.modeling.padding import pad_ids
 from embforge.multivector.model import MultiVectorEncoder
+from embforge.multivector.pooling import check_pool_factor
 from embforge.multivector.search import MULTIVECTOR_INDEXES, MultiVectorIndex, create_multivector_index
 from embforge.serve.memory_store import MemoryStore
 from embforge.serve.middleware import ApiError
 from embforge.serve.requests import InputType
-from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges, refuse_task
+from embforge.serve.serving import (
+    BatchFn,
+    Items,
+    SearchStore,
+    object_rows,
+    refuse_index_options,
+    refuse_ranges,
+    refuse_task,
+)
 
 KIND = "multivector"
 FORMATS = ("float", "base64")
@@ -33,7 +43,8 @@ class MaxSimDocuments:
     """The documents' token matrices and a MaxSim index over them, built on the first search after an add (the
     memory store's :class:`~embforge.serve.memory_store.KindIndex`)."""
 
-    def __init__(self, kind: str = "exact") -> None:
+    def __init__(self, kind: str = "exact", *, pool_factor: float = 1) -> None:
+        self.pool_factor = check_pool_factor(pool_factor)  # each document's token vectors pooled when indexed
         if kind not in MULTIVECTOR_INDEXES:
             raise ValueError(
                 f"a multi-vector model searches by MaxSim in memory; index kind {kind!r} is not available for it "
@@ -51,7 +62,7 @@ class MaxSimDocuments:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         if self.index is None:
-            self.index = create_multivector_index(self.kind)
+            self.index = create_multivector_index(self.kind, pool_factor=self.pool_factor)
             self.index.add(self.ids, self.matrices)
         return self.index.search(list(queries), min(k, len(self.ids)))
 
@@ -133,13 +144,18 @@ class MultiVectorServing:
         scores = [float((q @ d.T).max(axis=1).sum()) if len(d) else 0.0 for q, d in zip(first, second)]
         return np.array(scores, dtype=np.float32)
 
-    def open_store(self, given: SearchStore | None, *, kind: str | None) -> SearchStore | None:
+    def open_store(
+        self, given: SearchStore | None, *, kind: str | None, options: Mapping[str, object] | None = None
+    ) -> SearchStore | None:
         if given is not None:
             raise ValueError(
                 "a multi-vector model keeps its search documents in memory (POST /index/documents); "
                 "--index folders hold one vector per document: serve it without --index"
             )
-        return MemoryStore(MaxSimDocuments(kind or "exact"))
+        reason = "a multi-vector model's in-memory index takes pool_factor only"
+        refuse_index_options(options, reason, takes=("pool_factor",))
+        pool_factor = (options or {}).get("pool_factor", 1)
+        return MemoryStore(MaxSimDocuments(kind or "exact", pool_factor=check_pool_factor(pool_factor)))
 
     def describe(self) -> dict[str, object]:
         return {}

@@ -343,6 +343,7 @@ def create_app(
     config: ServeConfig | None = None,
     ranges: Mapping[str, np.ndarray | None] | None = None,
     index_kind: str | None = None,
+    index_options: Mapping[str, object] | None = None,
 ) -> FastAPI:
     """Build the server app.
 
@@ -359,6 +360,8 @@ def create_app(
         ranges: int8/uint8 calibration ranges by embedder name (default: those saved beside each model).
         index_kind: The in-memory index of a default model that keeps its documents in memory (multi-vector:
             ``exact`` or ``plaid``); a dense model's index kind is its ``store``'s.
+        index_options: Options of that in-memory index (``--index-option``; multi-vector: ``pool_factor``, each
+            document's token vectors pooled when it is added); an option it does not take is an error.
 
     Returns:
         A FastAPI app; its lifespan starts the batching workers and, at shutdown, finishes queued requests and
@@ -374,7 +377,7 @@ def create_app(
         rerankers = {cfg.reranker_name or "reranker": reranker}
     models = ModelSet(embedders, rerankers, cfg, ranges=ranges, on_batch=metrics.observe_batch)
     default = next(iter(models.embedders.values()))
-    searched = default.serving.open_store(store, kind=index_kind)
+    searched = default.serving.open_store(store, kind=index_kind, options=index_options)
     server = _Server(cfg, models, searched, metrics)
     # FastAPI's own docs pages take no dependencies: add_docs serves them behind the key
     app = FastAPI(title="embforge", lifespan=server.lifespan, openapi_url=None, docs_url=None, redoc_url=None)

@@ -16,7 +16,7 @@ two tasks in one forward. An unknown ``task`` is a 422 naming the field before a
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from embforge.onnx.runtime import ExportedEncoder
 from embforge.quantization import quantize
 from embforge.serve.middleware import ApiError
 from embforge.serve.requests import InputType
-from embforge.serve.serving import BatchFn, Items, SearchStore
+from embforge.serve.serving import BatchFn, Items, SearchStore, refuse_index_options
 from embforge.static.model import StaticEncoder
 
 EMBEDDING = "embedding"
@@ -227,7 +227,11 @@ class DenseServing:
         a, b = unit(np.asarray(first, dtype=np.float32)), unit(np.asarray(second, dtype=np.float32))
         return np.einsum("ij,ij->i", a, b)
 
-    def open_store(self, given: SearchStore | None, *, kind: str | None) -> SearchStore | None:
+    def open_store(
+        self, given: SearchStore | None, *, kind: str | None, options: Mapping[str, object] | None = None
+    ) -> SearchStore | None:
+        if given is None:
+            refuse_index_options(options, "the options of a new index folder: give the folder (--index DIR)")
         if given is None and kind is not None:
             raise ValueError(
                 f"index kind {kind!r} is the kind of an index folder: give the folder (--index DIR)"

@@ -135,8 +135,9 @@ def serve(
         )
     kind = None if index else index_kind  # without a folder: the in-memory index of the model's kind
     app = create_app(
-        encoders, reranker=scorers or None, store=store, config=cfg, ranges=ranges, index_kind=kind
-    )
+        encoders, reranker=scorers or None, store=store, config=cfg, ranges=ranges, index_kind=kind,
+        index_options=None if index else index_options,
+    )  # fmt: skip
     announce(app, host=host, port=port)
     server = uvicorn.Server(
         uvicorn_config(

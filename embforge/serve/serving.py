@@ -91,9 +91,12 @@ class KindServing(Protocol):
         """The score of each pair of rows (``first[i]``, ``second[i]``)."""
         ...
 
-    def open_store(self, given: SearchStore | None, *, kind: str | None) -> SearchStore | None:
-        """The store ``/search`` uses: ``given`` (an ``--index`` folder) or the kind's own; ``kind``: the index
-        kind asked for. A store or kind this model cannot use is a ``ValueError`` saying why."""
+    def open_store(
+        self, given: SearchStore | None, *, kind: str | None, options: Mapping[str, object] | None = None
+    ) -> SearchStore | None:
+        """The store ``/search`` uses: ``given`` (an ``--index`` folder) or the kind's own; ``kind`` and
+        ``options``: the index kind and options (``--index-option``) asked for the kind's own. A store, kind or
+        option this model cannot use is a ``ValueError`` saying why."""
         ...
 
     def describe(self) -> dict[str, object]:
@@ -105,6 +108,16 @@ def serving_for(model: object, *, ranges: np.ndarray | None = None) -> KindServi
     """The serving record of ``model``'s declared kind; ``ranges``: int8/uint8 calibration ranges (dense only)."""
     record: Callable[..., KindServing] = kind_record(model).serving_class()
     return record(model, ranges=ranges)
+
+
+def refuse_index_options(
+    options: Mapping[str, object] | None, reason: str, *, takes: tuple[str, ...] = ()
+) -> None:
+    """Index options (``--index-option``) the kind's own index does not take: a ``ValueError`` naming them and
+    ``reason`` (they would be dropped)."""
+    unknown = sorted(set(options or {}) - set(takes))
+    if unknown:
+        raise ValueError(f"--index-option {', '.join(unknown)}: {reason}")
 
 
 def refuse_ranges(kind: str, ranges: np.ndarray | None) -> None:

@@ -12,6 +12,7 @@ as a query, the second as a document).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
 import numpy as np
@@ -20,7 +21,15 @@ import scipy.sparse as sp
 from embforge.serve.memory_store import MemoryStore
 from embforge.serve.middleware import ApiError
 from embforge.serve.requests import InputType
-from embforge.serve.serving import BatchFn, Items, SearchStore, object_rows, refuse_ranges, refuse_task
+from embforge.serve.serving import (
+    BatchFn,
+    Items,
+    SearchStore,
+    object_rows,
+    refuse_index_options,
+    refuse_ranges,
+    refuse_task,
+)
 from embforge.sparse.index import SparseIndex
 from embforge.sparse.model import SparseEncoder
 
@@ -141,7 +150,10 @@ class SparseServing:
         """Dot product of each (query, document) pair."""
         return np.asarray(stacked(first).multiply(stacked(second)).sum(axis=1), dtype=np.float32).ravel()
 
-    def open_store(self, given: SearchStore | None, *, kind: str | None) -> SearchStore | None:
+    def open_store(
+        self, given: SearchStore | None, *, kind: str | None, options: Mapping[str, object] | None = None
+    ) -> SearchStore | None:
+        refuse_index_options(options, "a sparse model's in-memory inverted index takes no options")
         if given is not None:
             raise ValueError(
                 "a sparse model keeps its search documents in an in-memory inverted index (POST "

@@ -297,3 +297,29 @@ def test_cli_eval_pools_a_colbert_models_documents(
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_server_pools_the_documents_it_indexes(colbert: MultiVectorEncoder) -> None:
+    """``embforge serve --index-option pool_factor=2`` pools each document added with ``/index/documents``, as
+    ``eval retrieval --pool-factor`` and the pooled index do (it was dropped before: the server kept every token
+    vector); an option the in-memory index does not take is refused, naming it."""
+    from fastapi.testclient import TestClient
+
+    from embforge.serve.app import create_app
+
+    ids = [f"d{i}" for i in range(len(DOCS))]
+    reference = create_multivector_index("exact", pool_factor=2)
+    reference.add(ids, colbert.encode(DOCS))
+    scores, found = reference.search(colbert.encode(QUERIES, is_query=True), 3)
+    app = create_app({"colbert": colbert}, index_options={"pool_factor": 2})
+    with TestClient(app) as client:
+        documents = [{"id": i, "text": t} for i, t in zip(ids, DOCS)]
+        assert client.post("/index/documents", json={"documents": documents}).status_code == 200
+        results = client.post("/search", json={"query": QUERIES, "top_k": 3}).json()["results"]
+        kept = app.state.store.index.index.vectors  # the token vectors the index holds: pooled ones
+    assert [[hit["id"] for hit in result["hits"]] for result in results] == found
+    got = np.array([[hit["score"] for hit in result["hits"]] for result in results])
+    np.testing.assert_allclose(got, scores, atol=1e-4)
+    assert kept == reference.vectors
+    with pytest.raises(ValueError, match="nbits"):
+        create_app({"colbert": colbert}, index_options={"nbits": 2})
