@@ -90,7 +90,9 @@ def test_the_training_loop_runs_a_gist_task(tiny_encoder, guide_dir, tmp_path):
     assert len(changed) > 10  # the student trained
 
 
-def test_a_pipeline_file_s_guide_path_is_relative_to_the_file(tiny_model_dir, guide_dir, tmp_path, monkeypatch):
+def test_a_pipeline_file_s_guide_path_is_relative_to_the_file(
+    tiny_model_dir, guide_dir, tmp_path, monkeypatch
+):
     """``options = { guide = "guide" }`` names the folder beside the pipeline file, as ``teacher = ...`` does, not
     one in the working directory (where none is: the run failed to load it before)."""
     import json
