@@ -286,14 +286,12 @@ def run_mine(args: argparse.Namespace) -> Mapping[str, object] | None:
         model = sharded(Encoder.load(args.model))  # under torchrun each process encodes a share
     rescorer = None
     if args.cross_encoder:
-        from embforge.cross_encoder import CrossEncoder, is_cross_encoder_folder
+        from embforge.cross_encoder import CrossEncoder
 
-        if not is_cross_encoder_folder(args.cross_encoder):
-            raise ValueError(
-                f"--cross-encoder {args.cross_encoder}: not a cross-encoder folder (a bi-encoder would get an "
-                "untrained scoring head); train one with 'embforge train --model-type cross'"
-            )
-        rescorer = CrossEncoder.load(args.cross_encoder)
+        try:  # a folder of another kind is refused: it would score with an untrained head
+            rescorer = CrossEncoder.load(args.cross_encoder)
+        except ValueError as err:
+            raise ValueError(f"--cross-encoder: {err}") from None
     rows = mine(model, data, config, corpus=corpus, rescorer=rescorer, corpus_cache=args.corpus_cache)
     if len(rows) == 0:
         stats = ", ".join(f"{k} {v}" for k, v in config.stats.items())
