@@ -140,6 +140,8 @@ class Merger:
         density: ``ties``: fraction of each task vector kept; ``dare_*``: probability of keeping an entry.
         layer_scaling: ``alpha`` of the depth scaling of the task vectors (LiNeS; ``None``: off).
         seed: ``dare_*``: the seed of the random drops.
+        normalize: ``ties``/``dare_ties``: average the agreeing task vectors instead of summing them
+            (mergekit's ``normalize``).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class Merger:
         density: float = 0.2,
         layer_scaling: float | None = None,
         seed: int = 0,
+        normalize: bool = False,
     ) -> None:
         self.record = merge_method(method)
         check_recipe(
@@ -160,6 +163,7 @@ class Merger:
             has_base=base is not None,
             density=density,
             layer_scaling=layer_scaling,
+            normalize=normalize,
         )
         folders = [*models, *([base] if base is not None else [])]
         loaded = [_load(f, folders) for f in folders]
@@ -168,6 +172,7 @@ class Merger:
         )
         self.carried = {k: v for k, v in _st_config(folders[0]).items() if k in _ST_KEYS and v is not None}
         self.method, self.density, self.layer_scaling, self.seed = method, density, layer_scaling, seed
+        self.normalize = normalize
         self.names = [str(m) for m in models]
         self.states = [share_clones(m.state_dict()) for m in loaded[: len(models)]]
         self.base = None if base is None else dict(loaded[-1].state_dict())
@@ -187,6 +192,7 @@ class Merger:
             density=self.density,
             layer_scaling=self.layer_scaling,
             seed=self.seed,
+            normalize=self.normalize,
         )
         self.model.load_state_dict(merged)
         return self.model

@@ -194,6 +194,11 @@ def _bert_states() -> list[dict[str, torch.Tensor]]:
             {"weights": [0.5, 0.8], "density": 0.3},
             {"weight": [0.5, 0.8], "density": 0.3, "normalize": False},
         ),
+        (  # mergekit's default: each entry divided by the weights of the models that agree on it
+            "ties",
+            {"weights": [0.5, 0.8], "density": 0.3, "normalize": True},
+            {"weight": [0.5, 0.8], "density": 0.3, "normalize": True},
+        ),
         ("model_stock", {}, {}),
     ],
 )
@@ -215,14 +220,17 @@ def test_parity_with_mergekit_on_state_dicts(method: str, ours: dict, theirs: di
         method=method,
         base=base if with_base else None,
         density=ours.get("density", 1.0),
+        normalize=ours.get("normalize", False),
     )
     assert merged.keys() == reference.keys()
     for key, value in merged.items():
         torch.testing.assert_close(value, reference[key], atol=2e-6, rtol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("method", ["dare_linear", "dare_ties"])
-def test_parity_with_mergekit_dare_on_tensors(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "normalize"), [("dare_linear", False), ("dare_ties", False), ("dare_ties", True)]
+)
+def test_parity_with_mergekit_dare_on_tensors(method: str, normalize: bool) -> None:
     """mergekit draws its masks from torch's global generator, one Bernoulli draw per model in order, and rescales
     by the L1 norm unless ``rescale: false``; with the same seed, ``rescale: false`` and the weights divided by the
     density, its result is this module's (which rescales by 1/density)."""
@@ -234,11 +242,24 @@ def test_parity_with_mergekit_dare_on_tensors(method: str) -> None:
     reference = api.merge_tensors(
         [base, a, b],
         method,
-        parameters={"weight": {"a": 0.6 / density, "b": 0.3 / density}, "density": density, "rescale": False},
+        parameters={
+            "weight": {"a": 0.6 / density, "b": 0.3 / density},
+            "density": density,
+            "rescale": False,
+            **({"normalize": normalize} if method == "dare_ties" else {}),
+        },
         ids=["base", "a", "b"],
         base_index=0,
     )
-    inputs = TensorInputs([a, b], weights, base, density, torch.Generator().manual_seed(11))
+    inputs = TensorInputs(
+        [a, b], weights, base, density, torch.Generator().manual_seed(11), normalize=normalize
+    )
     coefficients = METHODS[method].function()(inputs)
     ours = (1 - coefficients[0] - coefficients[1]) * base + coefficients[0] * a + coefficients[1] * b
     torch.testing.assert_close(ours, reference, atol=2e-6, rtol=1e-5)
+
+
+def test_normalize_is_refused_for_a_method_without_sign_election() -> None:
+    base, a, b = _bert_states()
+    with pytest.raises(ValueError, match=r"normalize .*ties and dare_ties, not task_arithmetic"):
+        merge_state_dicts([a, b], [0.5, 0.5], method="task_arithmetic", base=base, normalize=True)

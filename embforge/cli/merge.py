@@ -44,6 +44,12 @@ def register(verbs: argparse._SubParsersAction, evals: argparse._SubParsersActio
         "--seed", type=seed, default=0, help="dare_linear/dare_ties: seed of the drops (default 0)"
     )
     parser.add_argument(
+        "--normalize",
+        action="store_true",
+        help="ties/dare_ties: average the task vectors that agree on an entry (divide by their weights' sum) "
+        "instead of summing them, as mergekit's normalize: true does (default off: summed)",
+    )
+    parser.add_argument(
         "--layer-scaling",
         type=ratio,
         default=None,
@@ -77,12 +83,15 @@ def run_merge(args: argparse.Namespace) -> Mapping[str, object]:
         density=args.density,
         layer_scaling=args.layer_scaling,
         seed=args.seed,
+        normalize=args.normalize,
     )
     recipe: dict[str, object] = {"method": args.method, "models": args.models, "base": args.base}
     if merger.record.density:
         recipe["density"] = args.density
     if merger.record.seeded:
         recipe["seed"] = args.seed
+    if args.normalize:
+        recipe["normalize"] = True
     if args.layer_scaling is not None:
         recipe["layer_scaling"] = args.layer_scaling
     result: dict[str, object] = {"output": args.output}

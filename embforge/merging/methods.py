@@ -17,7 +17,8 @@ method                coefficients
 ``ties``              :math:`\tau_i` trimmed to its ``density`` largest entries, a sign elected per entry,
                       :math:`\gamma = \mathrm{sign}(\sum_i w_i\hat\tau_i)` (+ on a tie), only agreeing entries
                       kept: :math:`c_i = w_i [\mathrm{sign}(w_i\hat\tau_i) = \gamma]` (mergekit's ``ties``
-                      with ``normalize: false``)
+                      with ``normalize: false``); ``normalize``: each entry divided by
+                      :math:`\sum_i c_i`, the agreeing models' weights (mergekit's default)
 ``dare_linear``       DARE (Yu et al., 2024): each entry of :math:`\tau_i` kept with probability ``density``
                       and rescaled by 1/``density``: :math:`c_i = w_i m_i / p`, :math:`m_i \sim
                       \mathrm{Bernoulli}(p)` drawn from ``seed`` and the weight's name (deterministic)
@@ -57,6 +58,8 @@ class TensorInputs:
         base: The base model's tensor (``None`` for a method without a base).
         density: The fraction of task-vector entries kept (``ties``, ``dare_*``).
         generator: The seeded random generator of this weight (``dare_*``; ``None`` for the others).
+        normalize: ``ties``/``dare_ties``: divide each entry by the sum of the coefficients of the models that
+            agree on it (mergekit's ``normalize: true``), so the kept task vectors are averaged, not summed.
     """
 
     tensors: Sequence[Tensor]
@@ -64,6 +67,7 @@ class TensorInputs:
     base: Tensor | None = None
     density: float = 1.0
     generator: torch.Generator | None = None
+    normalize: bool = False
 
     def task_vectors(self) -> list[Tensor]:
         """:math:`\\tau_i = \\theta_i - \\theta_{base}`."""
@@ -103,11 +107,21 @@ def weights_coefficients(x: TensorInputs) -> Coefficients:
     return [float(w) for w in x.weights]
 
 
+def normalized(coefficients: Coefficients, normalize: bool) -> Coefficients:
+    """With ``normalize``, each entry's coefficients divided by their sum (where it is not ~0), as mergekit's
+    ``normalize`` divides the agreeing task vectors by their weights' sum."""
+    if not normalize:
+        return coefficients
+    total = torch.as_tensor(sum(coefficients, torch.zeros(())))
+    total = torch.where(total.abs() < 1e-8, torch.ones_like(total), total)
+    return [c / total for c in coefficients]
+
+
 def ties_coefficients(x: TensorInputs) -> Coefficients:
     taus = x.task_vectors()
     kept = [trim_top(tau, x.density) for tau in taus]
     agree = elected_agreement([w * tau * k for w, tau, k in zip(x.weights, taus, kept)])
-    return [w * (k & a).float() for w, k, a in zip(x.weights, kept, agree)]
+    return normalized([w * (k & a).float() for w, k, a in zip(x.weights, kept, agree)], x.normalize)
 
 
 def _dare_masks(x: TensorInputs) -> list[Tensor]:
@@ -121,7 +135,7 @@ def dare_linear_coefficients(x: TensorInputs) -> Coefficients:
 def dare_ties_coefficients(x: TensorInputs) -> Coefficients:
     masks = _dare_masks(x)
     agree = elected_agreement([w * tau * m for w, tau, m in zip(x.weights, x.task_vectors(), masks)])
-    return [w * m * a for w, m, a in zip(x.weights, masks, agree)]
+    return normalized([w * m * a for w, m, a in zip(x.weights, masks, agree)], x.normalize)
 
 
 def slerp_coefficients(a: Tensor, b: Tensor, t: float, *, eps: float = 1e-8) -> tuple[float, float]:

@@ -36,6 +36,7 @@ class MergeMethod:
             ``none`` (the method derives its own ratio).
         density: Whether ``density`` applies.
         seeded: Whether it draws random numbers (``seed``).
+        elects_signs: Whether it elects a sign per entry (TIES), so ``normalize`` applies.
     """
 
     name: str
@@ -47,6 +48,7 @@ class MergeMethod:
     weights: Literal["sum_to_one", "free", "none"] = "free"
     density: bool = False
     seeded: bool = False
+    elects_signs: bool = False
 
     def function(self) -> Callable[[TensorInputs], Coefficients]:
         """The coefficient function (imported now)."""
@@ -81,6 +83,7 @@ METHODS: dict[str, MergeMethod] = {
             _M + "ties_coefficients",
             "task vectors trimmed to their --density largest entries, a sign elected per entry",
             density=True,
+            elects_signs=True,
         ),
         MergeMethod(
             "dare_linear",
@@ -95,6 +98,7 @@ METHODS: dict[str, MergeMethod] = {
             "DARE's drop-and-rescale, then TIES's sign election",
             density=True,
             seeded=True,
+            elects_signs=True,
         ),
         MergeMethod(
             "model_stock",

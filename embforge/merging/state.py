@@ -50,9 +50,12 @@ def check_recipe(
     has_base: bool,
     density: float = 1.0,
     layer_scaling: float | None = None,
+    normalize: bool = False,
 ) -> list[float]:
     """The weights to merge with (equal ones when ``None``), or a ``ValueError`` saying what the method needs."""
     name = record.name
+    if normalize and not record.elects_signs:
+        raise ValueError(f"normalize divides by the agreeing models' weights: ties and dare_ties, not {name}")
     most = record.max_models
     count = f"exactly {most}" if most == record.min_models else f"{record.min_models} or more"
     if n_models < record.min_models or (most is not None and n_models > most):
@@ -122,6 +125,7 @@ def merge_state_dicts(
     density: float = 0.2,
     layer_scaling: float | None = None,
     seed: int = 0,
+    normalize: bool = False,
 ) -> dict[str, Tensor]:
     """Merge state dicts of one architecture (see :mod:`embforge.merging.methods` for the formulas).
 
@@ -134,10 +138,18 @@ def merge_state_dicts(
             of keeping an entry.
         layer_scaling: ``alpha`` of the depth scaling of the task vectors (``None``: off; needs a base).
         seed: ``dare_*``: the seed of the random drops (with each weight's name).
+        normalize: ``ties``/``dare_ties``: average the agreeing task vectors (divide by their weights' sum)
+            instead of summing them (mergekit's ``normalize``).
     """
     record = merge_method(method)
     weights = check_recipe(
-        record, len(states), weights, has_base=base is not None, density=density, layer_scaling=layer_scaling
+        record,
+        len(states),
+        weights,
+        has_base=base is not None,
+        density=density,
+        layer_scaling=layer_scaling,
+        normalize=normalize,
     )
     reference = base if base is not None else states[0]
     scale = layer_scales(list(reference), layer_scaling) if layer_scaling is not None else {}
@@ -168,6 +180,7 @@ def merge_state_dicts(
             None if base is None else base[key].float(),
             density,
             weight_generator(seed, key, ref.device) if record.seeded else None,
+            normalize,
         )
         coefficients = record.function()(inputs)
         if layer_scaling is not None:
