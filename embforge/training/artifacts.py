@@ -47,9 +47,10 @@ BEST = "best"
 FINISHED = "finished.json"  # {"steps": N}: the run ended at step N and its final model is saved
 SUMMARY = "train_summary.json"
 METRICS = "metrics.jsonl"
-# what only a training run writes (checkpoints/ from its first step, the rest as it logs and ends); a pipeline
-# writes stage-<k>-<name>/ folders, each a run
-RUN_FILES = (TRAINING_STATE, METRICS, SUMMARY, FINISHED)
+MINED = "refresh"  # a task's mined negatives, written before its first step (training/refresh.py)
+# what only a training run writes (mined negatives before it trains, checkpoints/ from its first step, the rest as
+# it logs and ends); a pipeline writes stage-<k>-<name>/ folders, each a run
+RUN_FILES = (MINED, TRAINING_STATE, METRICS, SUMMARY, FINISHED)
 
 
 class OutputInUse(ValueError):

@@ -45,6 +45,7 @@ from embforge.retrieval.mined_rows import mining_queries
 from embforge.retrieval.mining import MiningConfig, mine_positions
 from embforge.retrieval.search import embed
 from embforge.retrieval.sharded import sharded
+from embforge.training.artifacts import MINED
 from embforge.training.checkpoints import find_latest, read_progress
 from embforge.training.distributed import barrier, is_main
 from embforge.training.tasks import Task
@@ -249,7 +250,7 @@ class NegativeRefresher:
         """Where the negatives applied after optimiser step ``step`` are kept (needs ``log_dir``)."""
         if self.log_dir is None:
             raise ValueError("negative refresh: no log_dir (the run's output folder) to keep negatives in")
-        return self.log_dir / "refresh" / self.name / f"negatives-{step}.jsonl"
+        return self.log_dir / MINED / self.name / f"negatives-{step}.jsonl"
 
     def _save(self, data: Dataset, step: int) -> Path:
         """Write the refreshed rows atomically, before the trainer saves a checkpoint that refers to them."""
@@ -289,8 +290,8 @@ class NegativeRefresher:
         if checkpoint is None or step is None:
             return None
         path = self.negatives_file(int(step))
-        if not path.exists() and (self.log_dir / "refresh" / path.name).exists():
-            path = self.log_dir / "refresh" / path.name  # a run from before the per-task folders
+        if not path.exists() and (self.log_dir / MINED / path.name).exists():
+            path = self.log_dir / MINED / path.name  # a run from before the per-task folders
         if not path.exists():
             raise FileNotFoundError(
                 f"{checkpoint}: trains on the negatives refreshed at step {step}, but {path} is missing; "

@@ -119,3 +119,15 @@ def test_a_pipeline_output_is_refused_and_overwritten_the_same_way(tmp_path, tin
     assert str(out) in err and "--resume" in err and "--overwrite" in err
     assert main(["train", str(path), "--output", str(out), "--overwrite"]) == 0
     assert not (out / "stray.txt").exists() and (out / "final" / "modules.json").exists()
+
+
+def test_a_run_stopped_after_mining_its_negatives_is_a_run_overwrite_empties(tmp_path):
+    """A retrieval run killed after mining its first negatives (``refresh/``) but before writing anything else: a
+    new run with ``--overwrite`` empties the folder like any earlier run's, not refused as someone else's files."""
+    from embforge.training.artifacts import claim_output
+
+    out = tmp_path / "run"
+    (out / "refresh" / "retrieval").mkdir(parents=True)
+    (out / "refresh" / "retrieval" / "negatives-0.jsonl").write_text('{"anchor": "a", "positive": "b"}\n')
+    claim_output(out, resume=False, overwrite=True)
+    assert list(out.iterdir()) == []
