@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from embforge.data.paths import data_root
 from embforge.data.tables import Dataset, read_table
 
 FILES = ("original", "relabel", "drop", "prune")
+Scorer = Callable[[str, argparse.Namespace], dict]  # (model folder or alias, args) -> metrics
 
 
 class CachedJudge:
@@ -55,16 +57,19 @@ def first_negatives(data: Dataset, width: int) -> Dataset:
     return Dataset(data.path, {c: data.columns[c] for c in keep}, data.lines)
 
 
-def make_files(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Mine, judge and write the four training files; returns the relabelling counts."""
+def make_files(out: Path, args: argparse.Namespace, *, source: list[str] | None = None) -> dict[str, Any]:
+    """Mine, judge and write the four training files; returns the relabelling counts.
+
+    ``source``: the data flags of ``embforge mine`` (default: the SciFact train split).
+    """
     from embforge.curate import write_rows
     from embforge.encoder import Encoder
     from embforge.relabel import RelabelConfig, relabel
 
     mined = out / "mined.jsonl"
     if not mined.exists():
-        scifact = str(data_root() / "scifact")
-        command = [*EMBFORGE, "mine", "--data", scifact, "--split", "train", "--method", "bm25"]
+        source = source or ["--data", str(data_root() / "scifact"), "--split", "train"]
+        command = [*EMBFORGE, "mine", *source, "--method", "bm25"]
         run([*command, "--num-negatives", "8", "--output", str(mined), "--quiet"])
     counts_file = out / "counts.json"
     if counts_file.exists():
@@ -87,7 +92,10 @@ def make_files(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     return counts
 
 
-def train_and_score(name: str, seed: int, out: Path, args: argparse.Namespace) -> dict:
+def train_and_score(
+    name: str, seed: int, out: Path, args: argparse.Namespace, *, scorer: Scorer | None = None
+) -> dict:
+    """Train all-MiniLM-L6-v2 on ``OUT/<name>.jsonl``; ``scorer`` (default: SciFact dev NDCG@10) scores the model."""
     model = out / f"model-{name}-{seed}"
     train = [*EMBFORGE, "train", "--train", str(out / f"{name}.jsonl"), "--loss", "infonce"]
     train += ["--batch-size", str(args.batch_size), "--max-steps", str(args.steps), "--lr", "5e-5"]
@@ -108,7 +116,7 @@ def train_and_score(name: str, seed: int, out: Path, args: argparse.Namespace) -
         "seed": seed,
         "steps": report.get("steps"),
         "train_s": train_s,
-        **score(str(model), args),
+        **(scorer or score)(str(model), args),
     }
 
 
@@ -126,6 +134,38 @@ def rows_in(path: Path) -> int:
     return sum(1 for _ in path.open())
 
 
+def train_all(out: Path, args: argparse.Namespace, *, scorer: Scorer) -> tuple[dict, dict[str, list[dict]]]:
+    """The untrained model's scores and every (file, seed) result of ``args.seeds``; a rerun skips what exists."""
+    base_file = out / "base.json"
+    if not base_file.exists():
+        base_file.write_text(json.dumps(scorer("all-MiniLM-L6-v2", args)) + "\n")
+    results: dict[str, list[dict]] = {name: [] for name in FILES}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for name in FILES:
+            result_file = out / f"{name}-{seed}.json"
+            if not result_file.exists():
+                result = train_and_score(name, seed, out, args, scorer=scorer)
+                result_file.write_text(json.dumps(result) + "\n")
+                print(result_file.read_text().strip(), flush=True)
+            results[name].append(json.loads(result_file.read_text()))
+    return json.loads(base_file.read_text()), results
+
+
+def print_table(out: Path, counts: dict, results: dict[str, list[dict]], *, metric: str, label: str) -> None:
+    """One markdown row per training file: rows, what the judge changed, ``metric`` mean ± std and per seed."""
+    print(f"\n| training file | rows | changed by the judge | {label}, mean ± std | per seed |")
+    print("|---|---:|---|---|---|")
+    for name, runs in results.items():
+        values = [r[metric] for r in runs]
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        changed = {k: v for k, v in counts[name].items() if k not in ("rows_in", "rows_out") and v}
+        per_seed = ", ".join(f"{x:.2f}" for x in values)
+        mean = statistics.mean(values)
+        print(
+            f"| {name} | {rows_in(out / f'{name}.jsonl')} | {changed or '-'} | {mean:.2f} ± {spread:.2f} | {per_seed} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -141,30 +181,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     counts = make_files(out, args)
-    base_file = out / "base.json"
-    if not base_file.exists():
-        base_file.write_text(json.dumps(score("all-MiniLM-L6-v2", args)) + "\n")
-    results: dict[str, list[dict]] = {name: [] for name in FILES}
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for name in FILES:
-            result_file = out / f"{name}-{seed}.json"
-            if not result_file.exists():
-                result_file.write_text(json.dumps(train_and_score(name, seed, out, args)) + "\n")
-                print(result_file.read_text().strip(), flush=True)
-            results[name].append(json.loads(result_file.read_text()))
-    base = json.loads(base_file.read_text())["ndcg@10"]
-    print(f"\nuntrained all-MiniLM-L6-v2: NDCG@10 {base:.2f}")
-    print("\n| training file | rows | changed by the judge | SciFact dev NDCG@10, mean ± std | per seed |")
-    print("|---|---:|---|---|---|")
-    for name, runs in results.items():
-        ndcg = [r["ndcg@10"] for r in runs]
-        spread = statistics.stdev(ndcg) if len(ndcg) > 1 else 0.0
-        changed = {k: v for k, v in counts[name].items() if k not in ("rows_in", "rows_out") and v}
-        per_seed = ", ".join(f"{x:.2f}" for x in ndcg)
-        mean = statistics.mean(ndcg)
-        print(
-            f"| {name} | {rows_in(out / f'{name}.jsonl')} | {changed or '-'} | {mean:.2f} ± {spread:.2f} | {per_seed} |"
-        )
+    base, results = train_all(out, args, scorer=score)
+    print(f"\nuntrained all-MiniLM-L6-v2: NDCG@10 {base['ndcg@10']:.2f}")
+    print_table(out, counts, results, metric="ndcg@10", label="SciFact dev NDCG@10")
 
 
 if __name__ == "__main__":
