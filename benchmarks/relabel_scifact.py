@@ -15,7 +15,7 @@
 Results go to ``OUT/<file>-<seed>.json`` (a rerun skips what exists); the table is printed at the end.
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 flock /tmp/ef-heavy.lock .venv/bin/python benchmarks/relabel_scifact.py \\
-        --out runs/relabel-scifact --seeds 1 --steps 50
+        --out runs/relabel-scifact --seeds 1,2,3 --steps 50
 """
 
 from __future__ import annotations
