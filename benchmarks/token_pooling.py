@@ -15,12 +15,17 @@ models from another run's folder)::
     HF_HUB_OFFLINE=1 flock /tmp/ef-heavy.lock .venv/bin/python benchmarks/token_pooling.py --steps 50
     HF_HUB_OFFLINE=1 flock /tmp/ef-heavy.lock .venv/bin/python benchmarks/token_pooling.py --steps 50 \
         --max-corpus -1 --models runs/token-pooling --out runs/token-pooling-full
+
+Seeds 2 and 3 (``--out runs/token-pooling-s2`` ``--seed 2``, the same for 3), then their table (nothing trained)::
+
+    .venv/bin/python benchmarks/token_pooling.py --summarize runs/token-pooling,runs/token-pooling-s2,runs/token-pooling-s3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,6 +51,11 @@ def arguments() -> argparse.Namespace:
         "--train-factor", type=float, default=4.0, help="pool factor of the pooling-aware loss"
     )
     parser.add_argument("--parts", default="plain,pooled", help="which trained models to score")
+    parser.add_argument(
+        "--summarize",
+        default=None,
+        help="comma-separated finished --out folders, one per seed: print NDCG@10 mean ± std over them and stop",
+    )
     parser.set_defaults(epochs=1, device="cpu", amp="no")
     return parser.parse_args()
 
@@ -144,8 +154,44 @@ def table(results: list[dict]) -> None:
                 )
 
 
+def summary(folders: list[Path], parts: list[str], factors: list[float]) -> None:
+    """NDCG@10 (pylate's pooling) of each trained model at each index factor: mean ± std over ``folders``."""
+    runs = [{part: json.loads((folder / f"{part}.json").read_text()) for part in parts} for folder in folders]
+    if len({(r[part]["queries"], r[part]["documents"]) for r in runs for part in parts}) > 1:
+        raise SystemExit(f"{', '.join(map(str, folders))} were not scored on the same queries and corpus")
+
+    def ndcg(run: dict, part: str, factor: float) -> float:
+        return next(r["ndcg@10"] for r in run[part]["rows"] if r["factor"] == factor and not r["normalize"])
+
+    first = runs[0][parts[0]]
+    print(f"\nSciFact dev, {first['queries']} queries x {first['documents']} abstracts, {len(runs)} runs")
+    print("\n| trained | index pool factor | NDCG@10, mean ± std | per run | % of plain's unpooled mean |")
+    print("|---|---:|---:|---:|---:|")
+    base = statistics.mean(ndcg(run, "plain", 1.0) for run in runs) if "plain" in parts else None
+    for part in parts:
+        for factor in factors:
+            values = [ndcg(run, part, factor) for run in runs]
+            mean, spread = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+            print(
+                f"| {part} | {factor:g} | {mean:.2f} ± {spread:.2f} | {', '.join(f'{v:.2f}' for v in values)} | "
+                f"{'–' if base is None else format(100 * mean / base, '.1f') + ' %'} |"
+            )
+    if {"plain", "pooled"} <= set(parts):
+        for factor in factors:
+            gaps = [ndcg(run, "pooled", factor) - ndcg(run, "plain", factor) for run in runs]
+            spread = statistics.stdev(gaps) if len(gaps) > 1 else 0.0
+            print(
+                f"pooled - plain at index factor {factor:g}, per run: {', '.join(f'{g:+.2f}' for g in gaps)} "
+                f"(mean {statistics.mean(gaps):+.2f} ± {spread:.2f})"
+            )
+
+
 def main() -> None:
     args = arguments()
+    if args.summarize:
+        folders = [Path(folder) for folder in args.summarize.split(",")]
+        summary(folders, args.parts.split(","), [float(f) for f in args.factors.split(",")])
+        return
     from embforge.data.builtin.scifact import load_scifact
     from embforge.data.retrieval import training_pairs
 
