@@ -44,7 +44,7 @@ class MaxSimDocuments:
     memory store's :class:`~embforge.serve.memory_store.KindIndex`)."""
 
     def __init__(self, kind: str = "exact", *, pool_factor: float = 1) -> None:
-        self.pool_factor = check_pool_factor(pool_factor)  # each document's token vectors pooled when indexed
+        self.pool_factor = pool_factor  # each document's token vectors pooled when indexed
         if kind not in MULTIVECTOR_INDEXES:
             raise ValueError(
                 f"a multi-vector model searches by MaxSim in memory; index kind {kind!r} is not available for it "

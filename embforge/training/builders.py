@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from embforge.data.retrieval import RetrievalData
 from embforge.data.sources import RowSource
 from embforge.data.tables import Dataset
-from embforge.kinds import is_single_vector, kind_record
+from embforge.kinds import kind_record
 from embforge.losses.base import EmbeddingLoss
 from embforge.losses.cross import CrossLoss
 from embforge.modeling.decoder import make_bidirectional
@@ -145,11 +145,11 @@ def load_model(
     return with_lora(model, config)
 
 
-def check_matryoshka(model: Kinded, dims: list[int] | None) -> str | None:
-    """What is wrong with Matryoshka dimensions ``dims`` for ``model`` (one above its dimension), or ``None``."""
-    if dims and is_single_vector(model) and max(dims) > cast("Embedder", model).dim:
-        dim = cast("Embedder", model).dim
-        return f"matryoshka_dims: {max(dims)} is larger than the model's dimension {dim}; use values <= {dim}"
+def check_matryoshka(dims: list[int] | None, dim: int | None) -> str | None:
+    """What is wrong with Matryoshka dimensions ``dims`` for a model of dimension ``dim`` (one above it), or
+    ``None`` (also for ``dim=None``, a cross-encoder: its loss refuses them)."""
+    if dim is not None and dims and max(dims) > dim:
+        return f"field 'matryoshka_dims': {max(dims)} is larger than the model's dimension {dim}; use values <= {dim}"
     return None
 
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from embforge.data.sources import SourceOptions
 from embforge.kinds import kind_record
-from embforge.training.builders import load_model as load_kind_model
 from embforge.training.builders import make_evaluator, make_loss, model_dim, new_loss, with_lora
 from embforge.training.pipeline import load_pipeline_model, run_pipeline
 from embforge.training.pipeline_file import EvalSpec, Pipeline, Stage, TaskSpec
@@ -29,7 +28,6 @@ __all__ = [
     "as_pipeline",
     "build_tasks",
     "check_inputs",
-    "load_kind_model",
     "load_model",
     "load_toml",
     "make_evaluator",

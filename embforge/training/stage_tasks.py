@@ -23,7 +23,7 @@ from embforge.distill.lists import candidate_lists
 from embforge.kinds import kind_record
 from embforge.losses.base import BaseLoss
 from embforge.progress import phase
-from embforge.training.builders import check_matryoshka, make_evaluator, make_loss, new_loss
+from embforge.training.builders import check_matryoshka, make_evaluator, make_loss, model_dim, new_loss
 from embforge.training.config import planned_steps
 from embforge.training.distributed import barrier, is_main
 from embforge.training.loop import Evaluator, Refresher
@@ -182,11 +182,9 @@ def check_stage(
     names, options and mining settings are valid (for a model of ``kind`` and dimension ``dim``); the sources
     read are kept in ``kept`` when given (:func:`build_stage_tasks` then reads none again)."""
     at_stage = where(pipeline, index, stage)
-    if dim is not None and stage.matryoshka_dims and max(stage.matryoshka_dims) > dim:
-        raise PipelineError(
-            f"{at_stage}: field 'matryoshka_dims': {max(stage.matryoshka_dims)} is larger than the model's "
-            f"dimension {dim}; use values <= {dim}"
-        )
+    problem = check_matryoshka(stage.matryoshka_dims, dim)
+    if problem:
+        raise PipelineError(f"{at_stage}: {problem}")
     refreshing = 0
     for spec in stage.tasks:
         at = f"{at_stage}, task {spec.name!r}"
@@ -219,9 +217,9 @@ def build_stage_tasks(
     teachers' targets, mined negatives and losses; and the trainer's hook that refreshes a task's negatives, if
     one asks (``mine = { refresh_every = N }``)."""
     at_stage = where(pipeline, index, stage)
-    problem = check_matryoshka(model, stage.matryoshka_dims)
+    problem = check_matryoshka(stage.matryoshka_dims, model_dim(model))
     if problem:
-        raise PipelineError(f"{at_stage}: field {problem}")
+        raise PipelineError(f"{at_stage}: {problem}")
     rows: dict[str, tuple[Source, Any]] = {}
     loaded: dict[str, Any] = {}  # teachers, loaded once per stage
     for spec in stage.tasks:  # data first: a teacher task may give the model a projection the losses must see
@@ -253,8 +251,9 @@ def build_stage_tasks(
         tasks.append(_task(spec, mined.data, loss, at))
         miners.append(miner)
     hook = None
+    steps = planned_steps([row_count(t.data) for t in tasks], stage.config) if miners else 0
     for miner in miners:  # the hard-negative ratio's schedule runs over the stage's steps
-        miner.total_steps = planned_steps([row_count(t.data) for t in tasks], stage.config)
+        miner.total_steps = steps
         if miner.config.every:
             hook = RefreshHook(miner, tasks)
     return tasks, hook
